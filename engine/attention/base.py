@@ -1,0 +1,49 @@
+"""The attention backend interface.
+
+A backend turns a Batch into its own metadata once per forward pass (``prepare_metadata``, CPU side, before
+the model runs), then serves every layer (``forward``). The graph hooks let the GraphRunner capture decode
+with static metadata buffers and refill them before each replay.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..core import Batch
+
+
+class BaseAttnMetadata(ABC):
+    @abstractmethod
+    def get_last_indices(self) -> torch.Tensor:
+        """Index of each request's last token in the flattened batch (where its logits come from)."""
+
+
+class BaseAttnBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def prepare_metadata(self, batch: Batch) -> None:
+        """Build batch.attn_metadata from the batch's requests and the page table."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        """Store k, v at batch.out_loc, then attend q over each request's cached + new tokens.
+
+        q: [tokens, qo_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns [tokens, qo_heads, head_dim].
+        """
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
+        """Allocate static metadata buffers for every batch size that will be captured."""
+        raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        """Point batch.attn_metadata at the static buffers of batch.padded_size before capture."""
+        raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """Copy this batch's metadata into the static buffers of its padded size before replay."""
+        raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")

@@ -1,0 +1,81 @@
+"""EngineConfig: everything needed to build an Engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from .distributed.info import TPInfo
+from .errors import ConfigError
+from .models.config import ModelConfig
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    tp_info: TPInfo = field(default_factory=TPInfo)
+    # "auto": float32 on CPU (exact parity with HF), bfloat16 on CUDA.
+    dtype: torch.dtype | str = "auto"
+    device: str = "auto"
+    max_running_req: int = 16
+    attention_backend: str = "auto"
+    moe_backend: str = "auto"
+    cuda_graph_bs: list[int] | None = None
+    cuda_graph_max_bs: int | None = None
+    page_size: int = 1
+    memory_ratio: float = 0.9
+    cpu_kv_cache_bytes: int = 2 * 1024**3
+    distributed_timeout: float = 60.0
+    distributed_port: int = 2333
+    use_dummy_weight: bool = False
+    max_seq_len_override: int | None = None
+    num_page_override: int | None = None
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str, value: object) -> None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}={value!r} is invalid: use an int >= 1")
+
+        positive_int("page_size", self.page_size)
+        positive_int("max_running_req", self.max_running_req)
+        positive_int("cpu_kv_cache_bytes", self.cpu_kv_cache_bytes)
+        for name in ("max_seq_len_override", "num_page_override", "cuda_graph_max_bs"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.cuda_graph_bs is not None:
+            for bs in self.cuda_graph_bs:
+                positive_int("cuda_graph_bs entry", bs)
+        ratio = self.memory_ratio
+        if not isinstance(ratio, (int, float)) or not (0 < ratio <= 1):
+            raise ConfigError(f"memory_ratio={ratio!r} is invalid: use a number in (0, 1]")
+        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(_DTYPES)}")
+        if isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES.values():
+            raise ConfigError(f"dtype={self.dtype} is not supported; use float32, float64, bfloat16 or float16")
+
+    @cached_property
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.from_dir(self.model_path)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_seq_len_override or self.model_config.max_position_embeddings

@@ -1,0 +1,188 @@
+"""The engine's data model: sampling parameters, requests, batches and the forward context."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+import torch
+
+from .errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from .attention.base import BaseAttnBackend, BaseAttnMetadata
+    from .kvcache.pool import KVCachePool
+
+Phase = Literal["prefill", "decode"]
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters, validated on construction.
+
+    Semantics follow HF's logits processors, applied in this order: temperature, top-k, top-p on the
+    renormalized result, min-p. ``temperature == 0`` means greedy; ``top_k == -1`` disables top-k.
+    """
+
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
+            raise InvalidRequestError(
+                f"temperature={t!r} is invalid: use a finite number >= 0 (0 means greedy)"
+            )
+        k = self.top_k
+        if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
+            raise InvalidRequestError(f"top_k={k!r} is invalid: use an int >= 1, or -1 to disable top-k")
+        p = self.top_p
+        if not _is_real(p) or not (0 < p <= 1):
+            raise InvalidRequestError(f"top_p={p!r} is invalid: use a number in (0, 1] (1 disables top-p)")
+        m = self.min_p
+        if not _is_real(m) or not (0 <= m <= 1):
+            raise InvalidRequestError(f"min_p={m!r} is invalid: use a number in [0, 1] (0 disables min-p)")
+        n = self.max_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise InvalidRequestError(f"max_tokens={n!r} is invalid: use an int >= 1")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos={self.ignore_eos!r} is invalid: use True or False")
+        s = self.seed
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or not (0 <= s < 2**63)):
+            raise InvalidRequestError(f"seed={s!r} is invalid: use an int in [0, 2**63) or None")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class Req:
+    """One request as the engine sees it.
+
+    ``input_ids`` (host, int32) holds the prompt and every token generated so far. Tokens
+    ``[0, cached_len)`` have KV on the device; this forward pass computes ``[cached_len, device_len)``.
+    A prefill chunk that stops before the end of ``input_ids`` produces no token.
+    """
+
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        table_idx: int,
+        cached_len: int,
+        output_len: int,
+        uid: int,
+        sampling_params: SamplingParams,
+        cache_handle: Any = None,
+    ) -> None:
+        self.input_ids = input_ids
+        self.table_idx = table_idx
+        self.cached_len = cached_len
+        self.device_len = len(input_ids)
+        self.output_len = output_len
+        self.uid = uid
+        self.sampling_params = sampling_params
+        self.cache_handle = cache_handle
+        self.max_device_len = len(input_ids) + output_len
+
+    @property
+    def extend_len(self) -> int:
+        return self.device_len - self.cached_len
+
+    @property
+    def is_partial_prefill(self) -> bool:
+        """True for a prefill chunk that ends before the last known token: it yields no token."""
+        return self.device_len < len(self.input_ids)
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    def complete_one(self) -> None:
+        """Mark this step's tokens as cached; a full step also reserves the slot of the next token."""
+        partial = self.is_partial_prefill
+        self.cached_len = self.device_len
+        if not partial:
+            self.device_len += 1
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
+            f"device_len={self.device_len}, output_len={self.output_len})"
+        )
+
+
+@dataclass
+class Batch:
+    """The requests of one forward pass and the device tensors built for them.
+
+    ``padded_reqs`` is ``reqs`` plus dummy requests that pad a decode batch to a captured graph size.
+    """
+
+    reqs: list[Req]
+    phase: Phase
+    input_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
+    positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
+    out_loc: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
+    padded_reqs: list[Req] = field(default_factory=list)
+    attn_metadata: BaseAttnMetadata | None = None
+
+    def __post_init__(self) -> None:
+        if not self.padded_reqs:
+            self.padded_reqs = list(self.reqs)
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def padded_size(self) -> int:
+        return len(self.padded_reqs)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+
+@dataclass
+class Context:
+    """What a forward pass reads besides the weights. Owned by one Engine; there is no global copy."""
+
+    page_size: int
+    page_table: torch.Tensor
+    kv_cache: KVCachePool
+    attn_backend: BaseAttnBackend
+    _batch: Batch | None = None
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("Context.batch is only set inside forward_batch()")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[None]:
+        if self._batch is not None:
+            raise RuntimeError("forward_batch() is not re-entrant")
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None

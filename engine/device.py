@@ -1,0 +1,141 @@
+"""CPU/CUDA device abstraction: streams, events, free memory and thread setup.
+
+On CPU, NullStream and NullEvent stand in for CUDA's, which makes every "async" step synchronous.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .errors import ConfigError
+
+
+class Event(Protocol):
+    def record(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: ...
+
+
+class NullEvent:
+    """A CPU event: work is synchronous, so it is always complete."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class NullStream:
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class Device:
+    """One execution device and its stream."""
+
+    torch_device: torch.device
+    stream: torch.cuda.Stream | NullStream
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+    def stream_context(self) -> AbstractContextManager[object]:
+        if isinstance(self.stream, torch.cuda.Stream):
+            return torch.cuda.stream(self.stream)
+        return nullcontext()
+
+    def new_event(self) -> Event:
+        if self.is_cuda:
+            return torch.cuda.Event()
+        return NullEvent()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def free_memory(self) -> int:
+        """Bytes free for the KV pool: device memory on CUDA, available RAM on CPU."""
+        if self.is_cuda:
+            free, _total = torch.cuda.mem_get_info(self.torch_device)
+            return int(free)
+        return available_host_memory()
+
+    def pin_memory(self) -> bool:
+        return self.is_cuda
+
+
+def resolve_device(name: str, tp_rank: int = 0) -> torch.device:
+    """'auto' → cuda:<rank> when a GPU is present, else cpu. Explicit names are checked."""
+    if name == "auto":
+        return torch.device(f"cuda:{tp_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name!r} is not a device name; use 'auto', 'cpu' or 'cuda[:N]'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={name!r} but no CUDA GPU is available; use device='cpu' or 'auto'"
+            )
+        index = tp_rank if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device={name!r}: only {torch.cuda.device_count()} GPU(s) are visible")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise ConfigError(f"device={name!r} is not supported; supported: 'auto', 'cpu', 'cuda[:N]'")
+    return dev
+
+
+def make_device(dev: torch.device) -> Device:
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        return Device(dev, torch.cuda.Stream(dev))
+    return Device(dev, NullStream())
+
+
+def available_host_memory() -> int:
+    """MemAvailable from /proc/meminfo, falling back to free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share one core's matmul units, so they do not help)."""
+    try:
+        cores: set[tuple[str, str]] = set()
+        phys = core = ""
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                    cores.add((phys, core))
+        if cores:
+            return min(len(cores), len(os.sched_getaffinity(0)))
+    except (OSError, AttributeError):
+        pass
+    return os.cpu_count() or 1
+
+
+def cpu_threads_for(tp_size: int) -> int | None:
+    """Threads for torch on CPU: physical cores / TP size, unless the user set OMP_NUM_THREADS."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, physical_cores() // tp_size)

@@ -1,0 +1,214 @@
+"""The Engine: builds everything in a fixed order and runs one forward pass per call.
+
+Init order: TP info → device/stream/context → communication (TP > 1 only) → free memory → model (meta device,
+then weights) → KV pool (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows,
+the last is the dummy row) → attention backend → sampler → graph runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .attention import create_backend, resolve_backend_name
+from .config import EngineConfig
+from .core import Batch, Context, Phase, Req, SamplingParams
+from .device import Event, cpu_threads_for, make_device, resolve_device
+from .distributed import Comm, NullComm, TorchDistComm
+from .errors import ConfigError, EngineClosedError
+from .graph import GraphRunner, default_graph_bs
+from .kvcache import KVCachePool, plan_num_pages
+from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
+from .sample import BatchSamplingArgs, Sampler
+from .validate import validate_batch
+
+
+@dataclass
+class ForwardOutput:
+    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device
+    next_tokens_cpu: torch.Tensor  # int32 [bs]; valid once copy_done_event completes
+    copy_done_event: Event
+    logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+        self.config = config
+        self._closed = False
+        self._saved_threads: int | None = None
+        # 1. TP info
+        self.tp_info = config.tp_info
+        if self.tp_info.size > 1:
+            raise ConfigError(
+                f"tp_info.size={self.tp_info.size}: tensor parallelism is not supported yet (weights are not "
+                "sharded); use TPInfo(rank=0, size=1)"
+            )
+        model_config = config.model_config  # parse early: a bad model dir fails before anything is allocated
+        # 2. device, stream, CPU threads
+        torch_device = resolve_device(config.device, self.tp_info.rank)
+        self.device = make_device(torch_device)
+        self.dtype = config.resolve_dtype(torch_device)
+        if torch_device.type == "cpu" and self.dtype in (torch.float16,):
+            raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
+        threads = cpu_threads_for(self.tp_info.size) if torch_device.type == "cpu" else None
+        if threads is not None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(threads)
+        # 3. communication, only between several ranks
+        self.comm: Comm = (
+            NullComm()
+            if self.tp_info.size == 1
+            else TorchDistComm(
+                self.tp_info.rank,
+                self.tp_info.size,
+                config.distributed_port,
+                config.distributed_timeout,
+                "nccl" if self.device.is_cuda else "gloo",
+            )
+        )
+        self.max_seq_len = config.max_seq_len
+        # 4. free memory before the model lands
+        free_before = self.comm.min_int(self.device.free_memory())
+        # 5. the model: built on the meta device (no allocation), then materialized and filled
+        model_cls = get_model_class(model_config.architecture)
+        with torch.device("meta"):
+            model = model_cls(model_config).to(self.dtype)
+        model = model.to_empty(device=torch_device)
+        if config.use_dummy_weight:
+            fill_dummy_weights(model)
+        else:
+            load_weights(model, config.model_path, model_config.tie_word_embeddings)
+        model.init_rotary(self.max_seq_len, torch_device)
+        self.model = model.eval()
+        model_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # 6. KV pool
+        bytes_per_page = KVCachePool.bytes_per_page(
+            model_config.num_layers, config.page_size, model_config.num_kv_heads, model_config.head_dim, self.dtype
+        )
+        if config.num_page_override is not None:
+            num_pages = config.num_page_override
+        else:
+            num_pages = plan_num_pages(
+                free_before,
+                model_bytes,
+                bytes_per_page,
+                config.memory_ratio,
+                cap_bytes=None if self.device.is_cuda else config.cpu_kv_cache_bytes,
+            )
+        self.num_pages = self.comm.min_int(num_pages)
+        self.kv_cache = KVCachePool(
+            model_config.num_layers,
+            self.num_pages,
+            config.page_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+            torch_device,
+        )
+        # 7. page table: token-granular slots; the dummy row points only into the dummy page
+        self.dummy_row = config.max_running_req
+        self.page_table = torch.zeros(
+            config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=torch_device
+        )
+        dummy_slots = self.kv_cache.dummy_page * config.page_size
+        self.page_table[self.dummy_row] = dummy_slots + torch.arange(self.max_seq_len) % config.page_size
+        self.dummy_req = Req(
+            torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams()
+        )
+        # 8. attention backend
+        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype)
+        self.attn_backend = create_backend(
+            backend_name, self.kv_cache, self.page_table, model_config.num_qo_heads, torch_device
+        )
+        self.ctx = Context(config.page_size, self.page_table, self.kv_cache, self.attn_backend)
+        # 9. sampler
+        self.sampler = Sampler(torch_device, model_config.vocab_size, seed=sampler_seed)
+        # 10. graph runner (disabled on CPU)
+        max_graph_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
+        self.graph_runner = GraphRunner(
+            self.dummy_req,
+            config.cuda_graph_bs or default_graph_bs(max_graph_bs),
+            enabled=False,
+        )
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.config.model_config
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("this Engine was shut down; build a new Engine")
+
+    def prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
+        """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args.
+
+        The page table rows of every request must already hold slots for [0, device_len).
+        """
+        self._check_open()
+        validate_batch(self, reqs, phase)
+        batch = Batch(list(reqs), phase)
+        self.graph_runner.pad_batch(batch)
+        ids, positions, rows, cols = [], [], [], []
+        for req in batch.padded_reqs:
+            span = torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
+            ids.append(req.input_ids[req.cached_len : req.device_len].to(torch.int32))
+            positions.append(span)
+            rows.append(torch.full_like(span, req.table_idx))
+            cols.append(span)
+        pin = self.device.pin_memory()
+        dev = self.device.torch_device
+
+        def upload(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+            host = torch.cat(parts).to(dtype)
+            if pin:
+                host = host.pin_memory()
+            return host.to(dev, non_blocking=True)
+
+        batch.input_ids = upload(ids, torch.int32)
+        batch.positions = upload(positions, torch.int64)
+        batch.out_loc = self.page_table[upload(rows, torch.int64), upload(cols, torch.int64)]
+        self.attn_backend.prepare_metadata(batch)
+        return batch, self.sampler.prepare(batch)
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        self._check_open()
+        with self.device.stream_context():
+            with self.ctx.forward_batch(batch):
+                if self.graph_runner.can_use_graph(batch):
+                    logits = self.graph_runner.replay(batch)
+                else:
+                    logits = self.model(batch.input_ids, batch.positions, self.ctx)
+            logits = logits[: batch.size]
+            for req in batch.reqs:
+                req.complete_one()
+            next_tokens = self.sampler.sample(logits, args)
+            if self.device.is_cuda:
+                host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
+                next_tokens_cpu = host.copy_(next_tokens, non_blocking=True)
+            else:
+                next_tokens_cpu = next_tokens
+            event = self.device.new_event()
+            event.record()
+        return ForwardOutput(next_tokens, next_tokens_cpu, event, logits)
+
+    def shutdown(self) -> None:
+        """Release graphs, communication and memory, and restore the thread count. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.graph_runner.destroy()
+        self.comm.destroy()
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
+        del self.model, self.kv_cache, self.page_table, self.attn_backend, self.ctx
+        if self.device.is_cuda:
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,65 @@
+"""The paged KV pool: one tensor [2, layers, pages, page_size, kv_heads, head_dim].
+
+A token slot is ``page * page_size + offset``; the page table stores slots, so attention gathers by slot.
+The last page belongs to the dummy request that pads graph batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCachePool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_pages = num_pages  # real pages; page `num_pages` is the dummy page
+        self.page_size = page_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.buffer = torch.zeros(
+            2, num_layers, num_pages + 1, page_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        )
+
+    @property
+    def dummy_page(self) -> int:
+        return self.num_pages
+
+    @property
+    def num_slots(self) -> int:
+        return (self.num_pages + 1) * self.page_size
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        """[pages, page_size, kv_heads, head_dim] view of one layer's keys."""
+        return self.buffer[0, layer]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self.buffer[1, layer]
+
+    def k_slots(self, layer: int) -> torch.Tensor:
+        """[slots, kv_heads, head_dim] view: the page and offset dims flattened to one slot index."""
+        return self.buffer[0, layer].view(-1, self.num_kv_heads, self.head_dim)
+
+    def v_slots(self, layer: int) -> torch.Tensor:
+        return self.buffer[1, layer].view(-1, self.num_kv_heads, self.head_dim)
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int) -> None:
+        """Write k, v ([tokens, kv_heads, head_dim]) into the slots out_loc ([tokens])."""
+        loc = out_loc.long()
+        self.k_slots(layer)[loc] = k.to(self.buffer.dtype)
+        self.v_slots(layer)[loc] = v.to(self.buffer.dtype)
+
+    @staticmethod
+    def bytes_per_page(
+        num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * head_dim * num_kv_heads * page_size * itemsize * num_layers

@@ -1,0 +1,49 @@
+"""The attention layer: split qkv, optional per-head q/k norm (Qwen3), RoPE, then the backend.
+
+The q/k norms are owned by the caller (HF keeps them on self_attn), and passed in."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..core import Context
+from .norm import RMSNorm
+from .rotary import RotaryEmbedding
+
+
+class AttentionLayer(nn.Module):
+    def __init__(
+        self,
+        layer_id: int,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = num_qo_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+
+    def forward(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        ctx: Context,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+    ) -> torch.Tensor:
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_qo_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if q_norm is not None and k_norm is not None:
+            q = q_norm(q)
+            k = k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        return out.reshape(-1, self.q_size)

@@ -1,0 +1,125 @@
+"""ModelConfig: the architecture facts the engine needs, parsed from an HF config.json.
+
+Accepts both transformers-4 keys (``rope_theta``/``rope_scaling``) and transformers-5 keys
+(``rope_parameters``, which carries rope_theta and the scaling together).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    # llama3 scaling (only read when rope_type == "llama3")
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    rope: RopeConfig
+    attention_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ModelLoadError("config.json has no 'architectures' entry; cannot pick a model class")
+        try:
+            hidden = int(cfg["hidden_size"])
+            num_heads = int(cfg["num_attention_heads"])
+            head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+            model_cfg = cls(
+                architecture=str(archs[0]),
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_qo_heads=num_heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+                head_dim=head_dim,
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                rope=_parse_rope(cfg),
+                # Qwen2 always has a qkv bias; Llama/Qwen3 only when the config says so.
+                attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+                eos_token_ids=_parse_eos(cfg.get("eos_token_id")),
+                raw=cfg,
+            )
+        except KeyError as e:
+            raise ModelLoadError(f"config.json lacks the required key {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise ModelLoadError(f"config.json has a malformed value: {e}") from None
+        if model_cfg.num_qo_heads % model_cfg.num_kv_heads != 0:
+            raise ModelLoadError(
+                f"num_attention_heads={model_cfg.num_qo_heads} is not a multiple of "
+                f"num_key_value_heads={model_cfg.num_kv_heads}"
+            )
+        return model_cfg
+
+    @classmethod
+    def from_dir(cls, model_path: str | Path) -> ModelConfig:
+        path = Path(model_path)
+        cfg_file = path / "config.json"
+        if not path.is_dir():
+            raise ModelLoadError(f"model_path {str(path)!r} is not a directory; pass an HF model dir")
+        if not cfg_file.is_file():
+            raise ModelLoadError(
+                f"{str(path)!r} has no config.json; an HF model dir needs config.json and *.safetensors"
+            )
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
+        return cls.from_dict(cfg)
+
+
+def _parse_eos(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
+    # transformers 5 folds rope_theta into rope_parameters; transformers 4 keeps them apart.
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ("default", "llama3"):
+        raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: 'default', 'llama3'")
+    if rope_type == "default":
+        return RopeConfig(theta=float(theta))
+    return RopeConfig(
+        theta=float(theta),
+        rope_type="llama3",
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )

@@ -1,0 +1,110 @@
+"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3; subclasses set the differences."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..core import Context
+from ..layers.activation import silu_and_mul
+from ..layers.attention import AttentionLayer
+from ..layers.embedding import Embedding, LMHead
+from ..layers.linear import Linear, MergedLinear
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .config import ModelConfig
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, qk_norm: bool) -> None:
+        super().__init__()
+        q_size = cfg.num_qo_heads * cfg.head_dim
+        kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=cfg.attention_bias
+        )
+        self.attn = AttentionLayer(layer_id, cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.o_proj = Linear(q_size, cfg.hidden_size)
+
+    def forward(
+        self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx: Context
+    ) -> torch.Tensor:
+        out = self.attn(self.qkv_proj(hidden), positions, rotary, ctx, self.q_norm, self.k_norm)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        size = cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size})
+        self.down_proj = Linear(size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, qk_norm: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, layer_id, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        ctx: Context,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm.forward_residual(hidden, residual)
+        hidden = self.self_attn(hidden, positions, rotary, ctx)
+        hidden, residual = self.post_attention_layernorm.forward_residual(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderBody(nn.Module):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qk_norm) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Returns logits of the last token of each request in the batch (float32)."""
+
+    qk_norm = False
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderBody(cfg, self.qk_norm)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied_to=tied)
+        self.rotary: RotaryEmbedding | None = None
+
+    def init_rotary(self, max_positions: int, device: torch.device) -> None:
+        self.rotary = RotaryEmbedding(self.config.head_dim, max_positions, self.config.rope, device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        assert self.rotary is not None, "init_rotary() must run after the weights are materialized"
+        hidden = self.model.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            hidden, residual = layer(hidden, residual, positions, self.rotary, ctx)
+        assert residual is not None
+        hidden, _ = self.model.norm.forward_residual(hidden, residual)
+        metadata = ctx.batch.attn_metadata
+        assert metadata is not None
+        hidden = hidden[metadata.get_last_indices()]
+        return self.lm_head(hidden).float()
