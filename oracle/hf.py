@@ -1,0 +1,72 @@
+"""The HF reference: the same model dir as the engine, run by transformers.
+
+Greedy generation ignores EOS (exactly n new tokens), and no generation_config default may inject a logits
+processor (top_k=50 and friends): generate gets an explicit, empty GenerationConfig.
+Results are cached per (prompt, n, dtype).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+
+class HFOracle:
+    def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> None:
+        self.model_path = str(model_path)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._cache: dict[tuple[str, tuple[int, ...], int, torch.dtype], torch.Tensor] = {}
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        return model.to(self.device).eval()
+
+    @cached_property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def greedy(self, prompt: Sequence[int], n: int) -> list[int]:
+        """Exactly n greedy tokens from HF generate, EOS ignored."""
+        key = ("greedy", tuple(prompt), n, self.dtype)
+        if key not in self._cache:
+            from transformers import GenerationConfig
+
+            config = GenerationConfig(
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=None,
+                eos_token_id=None,
+                pad_token_id=0,
+                top_k=None,
+                top_p=None,
+                temperature=None,
+                repetition_penalty=None,
+            )
+            out = self.model.generate(
+                self._ids(prompt), attention_mask=torch.ones_like(self._ids(prompt)), generation_config=config
+            )
+            self._cache[key] = out[0, len(prompt) :].cpu()
+        return self._cache[key].tolist()
+
+    @torch.no_grad()
+    def teacher_forced_logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Logits at every position of a full sequence: row i predicts token i + 1. [len, vocab], on CPU."""
+        key = ("forced", tuple(tokens), 0, self.dtype)
+        if key not in self._cache:
+            self._cache[key] = self.model(self._ids(tokens)).logits[0].cpu()
+        return self._cache[key]
+
+    def prefill_logits(self, prompt: Sequence[int]) -> torch.Tensor:
+        """Logits of the token after the prompt. [vocab]."""
+        return self.teacher_forced_logits(prompt)[-1]
