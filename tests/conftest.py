@@ -1,0 +1,29 @@
+"""Shared fixtures: the tiny random models (built per session) and the real default model (cached)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_ARCHS = ("qwen3", "qwen2", "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from oracle.zoo import tiny_model_dir
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: tiny_model_dir(arch, root) for arch in TINY_ARCHS}
+
+
+@pytest.fixture(scope="session", params=TINY_ARCHS)
+def tiny_model(request: pytest.FixtureRequest, tiny_models: dict[str, Path]) -> Path:
+    return tiny_models[request.param]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    from oracle.zoo import smollm2_dir
+
+    return smollm2_dir(progress=False)

@@ -1,0 +1,140 @@
+"""KV pool, page table, dummy page isolation and memory planning."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from engine import Batch, CapacityError, Engine, EngineConfig, SamplingParams
+from engine.distributed import TorchDistComm
+from engine.driver import PageLayout, StaticDriver
+from engine.kvcache import KVCachePool, plan_num_pages
+
+SENTINEL = 12345.0
+
+
+def test_store_kv_writes_only_its_slots() -> None:
+    pool = KVCachePool(2, 3, 4, 2, 8, torch.float32, torch.device("cpu"))
+    k = torch.randn(3, 2, 8)
+    v = torch.randn(3, 2, 8)
+    slots = torch.tensor([5, 0, 11])  # page 1 offset 1, page 0 offset 0, page 2 offset 3
+    pool.store_kv(k, v, slots, layer=1)
+    assert torch.equal(pool.k_cache(1)[1, 1], k[0])
+    assert torch.equal(pool.k_cache(1)[0, 0], k[1])
+    assert torch.equal(pool.v_cache(1)[2, 3], v[2])
+    written = torch.zeros(2, 2, 4, 4, dtype=torch.bool)
+    written[:, 1].view(2, -1)[:, slots] = True
+    assert not pool.buffer[~written.unsqueeze(-1).unsqueeze(-1).expand_as(pool.buffer)].any()
+
+
+def test_pool_has_a_dummy_page_and_the_table_a_dummy_row(tiny_models: dict[str, Path]) -> None:
+    engine = Engine(EngineConfig(str(tiny_models["llama"]), page_size=4, num_page_override=10, max_running_req=3))
+    assert engine.kv_cache.buffer.shape[2] == 11 and engine.kv_cache.dummy_page == 10
+    assert engine.page_table.shape[0] == 4 and engine.dummy_row == 3
+    assert (engine.page_table[engine.dummy_row] // 4 == 10).all()
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_real_requests_never_write_the_dummy_page(tiny_models: dict[str, Path], page_size: int) -> None:
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=page_size, num_page_override=64))
+    dummy = engine.kv_cache.buffer[:, :, engine.kv_cache.dummy_page]
+    dummy.fill_(SENTINEL)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7]]
+    StaticDriver(engine, PageLayout("interleaved")).generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert (dummy == SENTINEL).all()
+    engine.shutdown()
+
+
+def test_dummy_request_writes_only_the_dummy_page(tiny_models: dict[str, Path]) -> None:
+    engine = Engine(EngineConfig(str(tiny_models["qwen3"]), page_size=2, num_page_override=16))
+    real = engine.kv_cache.buffer[:, :, : engine.kv_cache.dummy_page]
+    real.fill_(SENTINEL)
+    # The dummy request only ever rides along as padding, so build its batch by hand.
+    dummy = engine.dummy_req
+    batch = Batch([dummy], "decode")
+    batch.input_ids = torch.zeros(1, dtype=torch.int32)
+    batch.positions = torch.zeros(1, dtype=torch.int64)
+    batch.out_loc = engine.page_table[engine.dummy_row, :1]
+    engine.attn_backend.prepare_metadata(batch)
+    with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        engine.model(batch.input_ids, batch.positions, engine.ctx)
+    assert (real == SENTINEL).all()
+    assert not (engine.kv_cache.buffer[:, :, engine.kv_cache.dummy_page] == 0).all()
+    engine.shutdown()
+
+
+# ---- memory planning: pages = (ratio × free − model) // bytes_per_page ------------------------------------------
+GiB = 1024**3
+
+
+def test_bytes_per_page_formula() -> None:
+    # 2 (k and v) × head_dim 64 × 3 kv heads × page 16 × 2 bytes (bf16) × 30 layers
+    assert KVCachePool.bytes_per_page(30, 16, 3, 64, torch.bfloat16) == 2 * 64 * 3 * 16 * 2 * 30
+
+
+def test_plan_uses_ratio_of_free_memory_minus_model() -> None:
+    assert plan_num_pages(10 * GiB, 2 * GiB, GiB // 4, memory_ratio=0.9) == int((9 * GiB - 2 * GiB) // (GiB // 4))
+
+
+def test_plan_is_capped_on_cpu() -> None:
+    assert plan_num_pages(100 * GiB, GiB, 1024**2, 0.9, cap_bytes=2 * GiB) == 2048
+
+
+def test_plan_rejects_fewer_than_two_pages() -> None:
+    with pytest.raises(CapacityError, match="at least 2"):
+        plan_num_pages(GiB, GiB - 1000, 1024, 1.0)
+    with pytest.raises(CapacityError):
+        plan_num_pages(GiB, 2 * GiB, 1024, 0.9)  # the model alone does not fit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, port: int, free: list[int], out: "mp.Queue[tuple[int, int]]") -> None:
+    comm = TorchDistComm(rank, len(free), port, timeout_s=60, backend="gloo")
+    local = plan_num_pages(free[rank], GiB, GiB // 8, memory_ratio=0.5)
+    out.put((rank, comm.min_int(local)))
+    comm.destroy()
+
+
+def test_tp_ranks_agree_on_the_minimum_plan() -> None:
+    free = [16 * GiB, 10 * GiB]  # rank 1 has less free memory: both ranks must use its plan
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue[tuple[int, int]] = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, free, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    expected = (int(0.5 * 10 * GiB) - GiB) // (GiB // 8)
+    assert results == {0: expected, 1: expected}
+
+
+def test_engines_build_and_shut_down_repeatedly(tiny_models: dict[str, Path]) -> None:
+    threads = torch.get_num_threads()
+    for i in range(4):
+        arch = ("qwen3", "qwen2", "llama", "qwen3")[i]
+        engine = Engine(EngineConfig(str(tiny_models[arch]), page_size=1 + i, num_page_override=32))
+        gen = StaticDriver(engine).generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert len(gen[0].output_ids) == 4
+        engine.shutdown()
+        engine.shutdown()  # idempotent
+    assert torch.get_num_threads() == threads
+
+
+def test_num_pages_planned_from_memory_on_cpu(tiny_models: dict[str, Path]) -> None:
+    cap = 1024**2
+    engine = Engine(EngineConfig(str(tiny_models["llama"]), page_size=4, cpu_kv_cache_bytes=cap))
+    per_page = KVCachePool.bytes_per_page(2, 4, 2, 16, torch.float32)
+    assert engine.num_pages == cap // per_page
+    engine.shutdown()

@@ -1,0 +1,105 @@
+"""The engine's sampler: statistics of the seed's example, filters, greedy rows in mixed batches, seeds."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy.stats import binomtest
+
+from engine import Batch, Req, SamplingParams
+from engine.sample import Sampler
+
+VOCAB = 6
+
+
+def _batch(params: list[SamplingParams], position: int = 5) -> Batch:
+    reqs = [Req(torch.zeros(position, dtype=torch.int32), i, 0, 1, i, p) for i, p in enumerate(params)]
+    return Batch(reqs, "decode")
+
+
+def _draw(sampler: Sampler, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    return sampler.sample(logits, sampler.prepare(_batch(params)))
+
+
+def test_seed_statistics_top_k_2() -> None:
+    """vocab 6, top-k 2, logits [2, 1, 0, ...]: softmax([2, 1]) puts 0.7311 on the top token.
+
+    N = 20000 draws; two-sided binomial test at α = 1e-4 (so a correct sampler fails 1 run in 10 000).
+    """
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=1234)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -2.0, -3.0]]).expand(20000, VOCAB).contiguous()
+    tokens = _draw(sampler, logits, [SamplingParams(temperature=1.0, top_k=2)] * 20000)
+    assert set(tokens.tolist()) <= {0, 1}
+    expected = 1 / (1 + math.exp(-1))
+    assert abs(expected - 0.7311) < 1e-4
+    assert binomtest(int((tokens == 0).sum()), 20000, expected).pvalue > 1e-4
+
+
+def test_top_p_keeps_only_the_top_token_when_it_exceeds_p() -> None:
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    logits = torch.tensor([[5.0, 1.5, 1.0, 0.0, 0.0, 0.0]]).expand(2000, VOCAB).contiguous()
+    probs = logits[0].softmax(-1)
+    assert probs[0] > 0.9
+    tokens = _draw(sampler, logits, [SamplingParams(temperature=1.0, top_p=0.9)] * 2000)
+    assert (tokens == 0).all()
+    # Just above the top token's mass, the second token (mass above it < p) comes back; the third doesn't.
+    p = float(probs[0]) + 1e-3
+    tokens = _draw(sampler, logits, [SamplingParams(temperature=1.0, top_p=p)] * 2000)
+    assert set(tokens.tolist()) == {0, 1}
+
+
+def test_greedy_rows_in_a_mixed_batch_are_argmax() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 50, generator=gen)
+    params = [
+        SamplingParams(temperature=0.0) if i % 3 == 0 else SamplingParams(temperature=1.5, top_p=0.95)
+        for i in range(64)
+    ]
+    sampler = Sampler(torch.device("cpu"), 50, seed=0)
+    for _ in range(20):
+        tokens = _draw(sampler, logits, params)
+        greedy = torch.tensor([p.is_greedy for p in params])
+        assert torch.equal(tokens[greedy], logits.argmax(-1)[greedy].int())
+    assert not torch.equal(tokens[~greedy], logits.argmax(-1)[~greedy].int())  # sampled rows do sample
+
+
+def test_min_p_drops_tokens_below_the_scaled_max() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.05, 0.02, 0.01]]))
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    args = sampler.prepare(_batch([SamplingParams(temperature=1.0, min_p=0.2)]))
+    probs = sampler.filtered_probs(logits, args)[0]
+    # threshold 0.2 × 0.5 = 0.1: tokens 0, 1, 2 stay, renormalized.
+    expected = torch.tensor([0.5, 0.3, 0.12, 0, 0, 0]) / 0.92
+    assert torch.allclose(probs, expected, atol=1e-6)
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth() -> None:
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    probs = sampler.filtered_probs(logits, sampler.prepare(_batch([SamplingParams(temperature=1.0, top_k=2)])))[0]
+    assert (probs[:4] > 0).all() and (probs[4:] == 0).all()
+
+
+def test_seeded_requests_reproduce_and_differ_by_seed() -> None:
+    logits = torch.randn(4, 200, generator=torch.Generator().manual_seed(0))
+    logits[1] = logits[0]
+    params = [SamplingParams(temperature=1.0, seed=s) for s in (7, 7, 8, 9)]
+    a = _draw(Sampler(torch.device("cpu"), 200, seed=1), logits, params)
+    b = _draw(Sampler(torch.device("cpu"), 200, seed=2), logits, params)  # engine generator differs
+    assert torch.equal(a, b)
+    assert a[0] == a[1]  # same seed, same logits, same position
+    draws = {s: [] for s in (7, 8)}  # type: dict[int, list[int]]
+    for pos in range(30):
+        for s in draws:
+            sampler = Sampler(torch.device("cpu"), 200, seed=0)
+            p = [SamplingParams(temperature=1.0, seed=s)]
+            draws[s].append(int(sampler.sample(logits[:1], sampler.prepare(_batch(p, position=pos + 1)))[0]))
+    assert draws[7] != draws[8]
+
+
+def test_temperature_zero_is_greedy() -> None:
+    logits = torch.randn(8, 30, generator=torch.Generator().manual_seed(5))
+    sampler = Sampler(torch.device("cpu"), 30, seed=0)
+    tokens = _draw(sampler, logits, [SamplingParams(temperature=0.0, top_k=5, top_p=0.5)] * 8)
+    assert torch.equal(tokens, logits.argmax(-1).int())
