@@ -7,9 +7,10 @@ Results are cached per (prompt, n, dtype).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
+from typing import Any
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -22,10 +23,10 @@ class HFOracle:
         self._cache: dict[tuple[str, tuple[int, ...], int, torch.dtype], torch.Tensor] = {}
 
     @cached_property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> Any:  # a transformers PreTrainedModel; typed loosely, transformers is untyped here
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         return model.to(self.device).eval()
 
     @cached_property

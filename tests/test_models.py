@@ -41,9 +41,10 @@ def test_prefill_logits_match_hf(tiny_model: Path) -> None:
     engine.shutdown()
 
 
-@pytest.mark.parametrize(
-    "page_size,layout", [(1, PageLayout()), (4, PageLayout()), (4, PageLayout("shuffled", 7)), (2, PageLayout("interleaved"))]
-)
+LAYOUTS = [(1, PageLayout()), (4, PageLayout()), (4, PageLayout("shuffled", 7)), (2, PageLayout("interleaved"))]
+
+
+@pytest.mark.parametrize("page_size,layout", LAYOUTS)
 def test_greedy_matches_hf_generate(tiny_model: Path, page_size: int, layout: PageLayout) -> None:
     oracle = HFOracle(tiny_model, dtype=torch.float32)
     engine = _engine(tiny_model, page_size)

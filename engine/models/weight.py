@@ -58,39 +58,37 @@ def safetensors_files(model_path: str | Path) -> list[Path]:
 def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool) -> None:
     params = dict(model.named_parameters())
     # Each (param, shard) that still needs a value; shards of merged layers count separately.
-    pending: dict[tuple[str, str | None], str] = {}
-    for pname, param in params.items():
-        owner = pname.rsplit(".", 1)[0]
-        module = model.get_submodule(owner)
+    pending: set[tuple[str, str | None]] = set()
+    for pname in params:
+        module = model.get_submodule(pname.rsplit(".", 1)[0])
         if isinstance(module, MergedLinear):
-            for shard in module.shard_offsets:
-                pending[(pname, shard)] = pname
+            pending.update((pname, shard) for shard in module.shard_offsets)
         else:
-            pending[(pname, None)] = pname
+            pending.add((pname, None))
 
     for path in safetensors_files(model_path):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118  (safe_open is not a dict)
                     if _IGNORED_RE.search(name):
                         continue
                     if name == "lm_head.weight" and tied_embeddings:
                         continue  # tied: the head reads the embedding
-                    pname, shard = _target(name)
+                    pname, target_shard = _target(name)
                     if pname not in params:
                         raise ModelLoadError(
                             f"unexpected tensor {name!r} in {path.name}: the architecture has no such weight"
                         )
-                    _copy_tensor(model, params[pname], pname, shard, name, f.get_tensor(name))
-                    pending.pop((pname, shard), None)
+                    _copy_tensor(model, params[pname], pname, target_shard, name, f.get_tensor(name))
+                    pending.discard((pname, target_shard))
         except SafetensorError as e:
             raise ModelLoadError(f"{path.name} is not a readable safetensors file ({e}); re-save it") from None
         except OSError as e:
             raise ModelLoadError(f"cannot read {path}: {e}") from None
     if pending:
         missing = sorted(_hf_name(p, s) for p, s in pending)
-        raise ModelLoadError(f"missing tensor(s) in {str(model_path)!r}: {', '.join(missing[:8])}"
-                             + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise ModelLoadError(f"missing tensor(s) in {str(model_path)!r}: {', '.join(missing[:8])}{more}")
 
 
 def _hf_name(pname: str, shard: str | None) -> str:
