@@ -118,20 +118,23 @@ class Engine:
             torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams()
         )
         # 8. attention backend
-        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype)
+        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
         self.attn_backend = create_backend(
             backend_name, self.kv_cache, self.page_table, model_config.num_qo_heads, torch_device
         )
         self.ctx = Context(config.page_size, self.page_table, self.kv_cache, self.attn_backend)
         # 9. sampler
         self.sampler = Sampler(torch_device, model_config.vocab_size, seed=sampler_seed)
-        # 10. graph runner (disabled on CPU)
+        # 10. graph runner: decode graphs captured now, on CUDA with a capturable backend (cuda_graph_bs=[] opts out)
         max_graph_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
+        graph_bs = default_graph_bs(max_graph_bs) if config.cuda_graph_bs is None else config.cuda_graph_bs
         self.graph_runner = GraphRunner(
             self.dummy_req,
-            config.cuda_graph_bs or default_graph_bs(max_graph_bs),
-            enabled=False,
+            [bs for bs in graph_bs if bs <= config.max_running_req],
+            enabled=self.device.is_cuda and self.attn_backend.supports_cuda_graph,
         )
+        if isinstance(self.device.stream, torch.cuda.Stream):
+            self.graph_runner.capture(self.model, self.ctx, self.attn_backend, self.device.stream, self.max_seq_len)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -148,6 +151,16 @@ class Engine:
         """
         self._check_open()
         validate_batch(self, reqs, phase)
+        self._wait_for_caller()
+        with self.device.stream_context():
+            return self._prepare_batch(reqs, phase)
+
+    def _wait_for_caller(self) -> None:
+        """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
+        if isinstance(self.device.stream, torch.cuda.Stream):
+            self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
+
+    def _prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
         batch = Batch(list(reqs), phase)
         self.graph_runner.pad_batch(batch)
         ids, positions, rows, cols = [], [], [], []
@@ -175,6 +188,7 @@ class Engine:
     @torch.inference_mode()
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self._check_open()
+        self._wait_for_caller()
         with self.device.stream_context():
             with self.ctx.forward_batch(batch):
                 if self.graph_runner.can_use_graph(batch):

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .flashinfer_backend import FlashInferAttnBackend, unsupported_reason
 from .torch_backend import TorchAttnBackend
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
 _BACKENDS: dict[str, BackendFactory] = {
     "torch": lambda kv, table, heads, device: TorchAttnBackend(kv, table, heads),
+    "flashinfer": FlashInferAttnBackend,
 }
 
 
@@ -26,11 +28,15 @@ def known_backends() -> list[str]:
     return sorted(["auto", *_BACKENDS])
 
 
-def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype) -> str:
+def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'auto' is flashinfer where it can serve (CUDA, bf16/fp16, its head dims, package installed), else torch."""
     if name == "auto":
-        return "torch"
+        return "torch" if unsupported_reason(device, dtype, head_dim) else "flashinfer"
     if name not in _BACKENDS:
         raise ConfigError(f"attention_backend={name!r} is unknown; known: {', '.join(known_backends())}")
+    reason = unsupported_reason(device, dtype, head_dim) if name == "flashinfer" else None
+    if reason is not None:
+        raise ConfigError(f"attention_backend='flashinfer' cannot be used: {reason}; use 'torch' or 'auto'")
     return name
 
 
@@ -43,6 +49,7 @@ def create_backend(
 __all__ = [
     "BaseAttnBackend",
     "BaseAttnMetadata",
+    "FlashInferAttnBackend",
     "TorchAttnBackend",
     "create_backend",
     "known_backends",

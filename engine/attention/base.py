@@ -22,6 +22,7 @@ class BaseAttnMetadata(ABC):
 
 class BaseAttnBackend(ABC):
     name: str
+    supports_cuda_graph = False  # True where the graph hooks below are implemented
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

@@ -1,0 +1,210 @@
+"""FlashInfer attention on CUDA: paged prefill/extend and decode over the engine's KV pool, any page_size >= 1.
+
+FlashInfer reads KV by page: a request of L tokens owns ceil(L / page_size) pages, listed in kv_indices, and its
+last page holds kv_last_page_len = L - (pages - 1) * page_size tokens. The engine's page table is token-granular
+(slot = page * page_size + offset), so the page ids are the slots at each page start divided by page_size. That
+needs whole pages: token j of a request lives at offset j % page_size of its (j // page_size)-th page, which is
+how the driver hands pages out (the torch backend also serves arbitrary slot lists).
+
+Planning happens once per batch, on the first layer's forward (or, for a CUDA graph, before its replay); every
+layer then only runs the kernels. FlashInfer's plan stages its schedule in a pinned host buffer of the wrapper
+and copies it to the device asynchronously, so re-planning a wrapper before that copy ran would corrupt the
+earlier batch's schedule; each plan records an event and the next plan of the same wrapper waits for it.
+
+``import flashinfer`` happens only when this backend is built, so the engine imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..core import Batch, Req
+from ..errors import ConfigError
+from ..kvcache.pool import KVCachePool
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+# FlashInfer's attention kernels are compiled for these head dims (its prefill tiles need head_dim >= 64).
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+# GQA group sizes the CUDA-core decode kernel serves well; any other size runs decode on the tensor-core
+# (prefill) kernels, which take every group size.
+CUDA_CORE_DECODE_GROUPS = (1, 2, 4, 8)
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def flashinfer_installed() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why FlashInfer cannot serve this configuration, or None if it can."""
+    if device.type != "cuda":
+        return f"it needs a CUDA device, got {device}"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"it needs bfloat16 or float16, got {dtype}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim={head_dim} is not one of its kernels' {SUPPORTED_HEAD_DIMS}"
+    if not flashinfer_installed():
+        return "the flashinfer package is not installed (pip install flashinfer-python; see docs/gpu.md)"
+    return None
+
+
+@dataclass
+class PagedKVIndex:
+    """Host-side page metadata of one batch, built from request lengths alone (no device access).
+
+    ``page_starts`` are flat page-table positions (row * row_width + column) of each page's first slot, in
+    kv_indices order; gathering them from the page table and dividing by page_size gives the page ids.
+    """
+
+    qo_indptr: torch.Tensor  # int32 [bs + 1]: new tokens of request i are qo_indptr[i]:qo_indptr[i+1]
+    kv_indptr: torch.Tensor  # int32 [bs + 1]: pages of request i are kv_indices[kv_indptr[i]:kv_indptr[i+1]]
+    kv_last_page_len: torch.Tensor  # int32 [bs], in [1, page_size]
+    page_starts: torch.Tensor  # int64 [total pages]
+
+
+def build_paged_kv_index(reqs: Sequence[Req], page_size: int, row_width: int) -> PagedKVIndex:
+    kv_lens = torch.tensor([r.device_len for r in reqs], dtype=torch.int64)
+    extend_lens = torch.tensor([r.extend_len for r in reqs], dtype=torch.int64)
+    rows = torch.tensor([r.table_idx for r in reqs], dtype=torch.int64)
+    pages = (kv_lens + page_size - 1) // page_size
+    kv_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int64)
+    torch.cumsum(pages, 0, out=kv_indptr[1:])
+    qo_indptr = torch.zeros(len(reqs) + 1, dtype=torch.int64)
+    torch.cumsum(extend_lens, 0, out=qo_indptr[1:])
+    # Page p of request i starts at column (p - kv_indptr[i]) * page_size of row table_idx[i].
+    page_no = torch.arange(int(kv_indptr[-1])) - torch.repeat_interleave(kv_indptr[:-1], pages)
+    page_starts = torch.repeat_interleave(rows, pages) * row_width + page_no * page_size
+    return PagedKVIndex(
+        qo_indptr.to(torch.int32),
+        kv_indptr.to(torch.int32),
+        (kv_lens - (pages - 1) * page_size).to(torch.int32),
+        page_starts,
+    )
+
+
+def kv_page_ids(page_table: torch.Tensor, page_starts: torch.Tensor, page_size: int) -> torch.Tensor:
+    """int32 page ids, on the page table's device: the slot at each page start divided by page_size."""
+    starts = page_starts.to(page_table.device, non_blocking=True)
+    return torch.div(page_table.view(-1)[starts], page_size, rounding_mode="floor").to(torch.int32)
+
+
+@dataclass
+class FlashInferMetadata(BaseAttnMetadata):
+    index: PagedKVIndex
+    kv_indices: torch.Tensor  # int32 page ids on the device
+    last_indices: torch.Tensor
+    wrapper: Any = None  # the wrapper this batch's forward runs; None until planned
+
+    def get_last_indices(self) -> torch.Tensor:
+        return self.last_indices
+
+
+class FlashInferAttnBackend(BaseAttnBackend):
+    name = "flashinfer"
+    supports_cuda_graph = True
+
+    def __init__(
+        self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
+    ) -> None:
+        reason = unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim)
+        if reason is not None:
+            raise ConfigError(f"attention_backend='flashinfer' cannot be used: {reason}")
+        import flashinfer
+
+        self._fi = flashinfer
+        self.kv_cache = kv_cache
+        self.page_table = page_table
+        self.device = device
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = kv_cache.num_kv_heads
+        self.head_dim = kv_cache.head_dim
+        self.page_size = kv_cache.page_size
+        self.dtype = kv_cache.buffer.dtype
+        self.use_tensor_cores = num_qo_heads // self.num_kv_heads not in CUDA_CORE_DECODE_GROUPS
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.decode_wrapper = self._decode_wrapper()
+        self.graph_wrappers: dict[int, Any] = {}
+        self._plan_events: dict[int, torch.cuda.Event] = {}
+
+    def _decode_wrapper(self, **graph_buffers: torch.Tensor) -> Any:
+        return self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=bool(graph_buffers),
+            use_tensor_cores=self.use_tensor_cores,
+            backend="fa2",
+            **graph_buffers,
+        )
+
+    # ---- metadata and planning ------------------------------------------------------------------------------
+    def prepare_metadata(self, batch: Batch) -> None:
+        index = build_paged_kv_index(batch.padded_reqs, self.page_size, self.page_table.shape[1])
+        kv_indices = kv_page_ids(self.page_table, index.page_starts, self.page_size)
+        last = (index.qo_indptr[1:] - 1).to(torch.int64).to(self.device, non_blocking=True)
+        batch.attn_metadata = FlashInferMetadata(index, kv_indices, last)
+
+    def _plan(self, wrapper: Any, meta: FlashInferMetadata, is_decode: bool) -> None:
+        key = id(wrapper)
+        pending = self._plan_events.get(key)
+        if pending is not None:
+            pending.synchronize()  # the previous plan's async copy out of the wrapper's pinned buffer is done
+        index = meta.index
+        common = {"q_data_type": self.dtype, "kv_data_type": self.dtype}
+        heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
+        if is_decode:
+            wrapper.plan(index.kv_indptr, meta.kv_indices, index.kv_last_page_len, *heads, **common)
+        else:
+            wrapper.plan(
+                index.qo_indptr, index.kv_indptr, meta.kv_indices, index.kv_last_page_len, *heads,
+                causal=True, **common,
+            )
+        event = torch.cuda.Event()
+        event.record()
+        self._plan_events[key] = event
+        meta.wrapper = wrapper
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        meta = batch.attn_metadata
+        assert isinstance(meta, FlashInferMetadata)
+        if meta.wrapper is None:  # first layer of an eager pass: plan once for the whole batch
+            self._plan(self.decode_wrapper if batch.is_decode else self.prefill_wrapper, meta, batch.is_decode)
+        kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
+        return meta.wrapper.run(q.contiguous(), kv)
+
+    # ---- CUDA graphs ------------------------------------------------------------------------------------------
+    def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
+        """One decode wrapper per captured size, all viewing the same static metadata buffers."""
+        max_bs = max(bs_list)
+        pages_per_req = math.ceil(max_seq_len / self.page_size)
+        self._graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._graph_kv_indices = torch.zeros(max_bs * pages_per_req, dtype=torch.int32, device=self.device)
+        self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+        self._graph_last_indices = torch.arange(max_bs, dtype=torch.int64, device=self.device)
+        for bs in bs_list:
+            self.graph_wrappers[bs] = self._decode_wrapper(
+                paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
+                paged_kv_indices_buffer=self._graph_kv_indices,
+                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
+            )
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        self.prepare_metadata(batch)
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """Plan the captured wrapper of this size: plan copies the metadata into its static buffers."""
+        meta = batch.attn_metadata
+        assert isinstance(meta, FlashInferMetadata)
+        self._plan(self.graph_wrappers[batch.padded_size], meta, is_decode=True)
+        meta.last_indices = self._graph_last_indices[: batch.padded_size]
