@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -48,6 +49,11 @@ class EngineConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}={value!r} is invalid: use an int >= 1")
 
+        if not isinstance(self.model_path, (str, os.PathLike)):
+            raise ConfigError(f"model_path={self.model_path!r} is invalid: pass the model directory as a str or Path")
+        for name in ("device", "attention_backend"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: use a string, e.g. 'auto'")
         positive_int("page_size", self.page_size)
         positive_int("max_running_req", self.max_running_req)
         positive_int("cpu_kv_cache_bytes", self.cpu_kv_cache_bytes)
@@ -55,13 +61,17 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name))
         if self.cuda_graph_bs is not None:
+            if not isinstance(self.cuda_graph_bs, (list, tuple)):
+                raise ConfigError(f"cuda_graph_bs={self.cuda_graph_bs!r} is invalid: use a list of batch sizes")
             for bs in self.cuda_graph_bs:
                 positive_int("cuda_graph_bs entry", bs)
         ratio = self.memory_ratio
-        if not isinstance(ratio, (int, float)) or not (0 < ratio <= 1):
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not (0 < ratio <= 1):
             raise ConfigError(f"memory_ratio={ratio!r} is invalid: use a number in (0, 1]")
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(_DTYPES)}")
+        if not isinstance(self.dtype, (str, torch.dtype)):
+            raise ConfigError(f"dtype={self.dtype!r} is invalid: use 'auto', a name like 'bfloat16', or a torch.dtype")
         if isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES.values():
             raise ConfigError(f"dtype={self.dtype} is not supported; use float32, float64, bfloat16 or float16")
 

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 Phase = Literal["prefill", "decode"]
 
 
+_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
 def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -43,6 +46,10 @@ class SamplingParams:
         if not _is_real(t) or not math.isfinite(t) or t < 0:
             raise InvalidRequestError(
                 f"temperature={t!r} is invalid: use a finite number >= 0 (0 means greedy)"
+            )
+        if 0 < t < _FLOAT32_TINY:  # the sampler divides float32 logits by it: it would round to 0 or subnormal
+            raise InvalidRequestError(
+                f"temperature={t!r} is invalid: a nonzero temperature must be >= {_FLOAT32_TINY:.4g}; use 0 for greedy"
             )
         k = self.top_k
         if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
@@ -139,6 +146,9 @@ class Batch:
     out_loc: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
     padded_reqs: list[Req] = field(default_factory=list)
     attn_metadata: BaseAttnMetadata | None = None
+    # (cached_len, device_len) of each request when prepare_batch built the batch; forward_batch runs it only
+    # while they still hold, so a batch cannot run twice.
+    spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.padded_reqs:

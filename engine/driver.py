@@ -16,7 +16,8 @@ import torch
 
 from .core import Req, SamplingParams
 from .engine import Engine
-from .errors import CapacityError, InvalidRequestError
+from .errors import CapacityError, ConfigError, InvalidRequestError
+from .validate import is_int, prompt_tensor
 
 LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
 
@@ -42,12 +43,18 @@ class PageAllocator:
             random.Random(layout.seed).shuffle(order)
         self.free: deque[int] = deque(order)
         self.reserved = 0
+        self.total = num_pages
 
     @property
     def available(self) -> int:
         return len(self.free) - self.reserved
 
     def reserve(self, n: int) -> None:
+        if n > self.total:
+            raise CapacityError(
+                f"the request needs {n} KV page(s) but the pool has only {self.total}; it can never fit: shorten "
+                "the prompt, lower max_tokens, or build the engine with more pages (memory_ratio, num_page_override)"
+            )
         if n > self.available:
             raise CapacityError(
                 f"the request needs {n} KV page(s) but only {self.available} are free; wait for running "
@@ -101,6 +108,8 @@ class StaticDriver:
         record_logits: bool = False,
         max_prefill_tokens: int | None = None,
     ) -> None:
+        if max_prefill_tokens is not None and (not is_int(max_prefill_tokens) or max_prefill_tokens <= 0):
+            raise ConfigError(f"max_prefill_tokens={max_prefill_tokens!r} is invalid: use an int >= 1 or None")
         self.engine = engine
         self.page_size = engine.config.page_size
         self.allocator = PageAllocator(engine.num_pages, layout or PageLayout())
@@ -116,26 +125,25 @@ class StaticDriver:
     def add(
         self, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams, chunk_sizes: Sequence[int] = ()
     ) -> int:
-        """Admit a request: take a page-table row and reserve its pages. Raises CapacityError if none fit."""
+        """Admit a request: take a page-table row and reserve its pages. Raises CapacityError if none fit.
+
+        Everything is checked before the row and pages are taken, so a rejected request leaks neither.
+        """
+        self.engine.check_open()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        ids = torch.as_tensor(prompt_ids, dtype=torch.int32).flatten().clone()
-        if len(ids) == 0:
-            raise InvalidRequestError("the prompt is empty; give at least one token")
-        vocab = self.engine.model_config.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise InvalidRequestError(
-                f"prompt token ids must lie in [0, {vocab}); got min {int(ids.min())}, max {int(ids.max())}"
-            )
+        ids = prompt_tensor(prompt_ids, self.engine.model_config.vocab_size)
         total = len(ids) + params.max_tokens
         if total > self.engine.max_seq_len:
             raise InvalidRequestError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
                 f"max_seq_len={self.engine.max_seq_len}; shorten the prompt or lower max_tokens"
             )
-        if chunk_sizes and (sum(chunk_sizes) != len(ids) or min(chunk_sizes) <= 0):
+        if chunk_sizes and (
+            not all(is_int(c) and c > 0 for c in chunk_sizes) or sum(chunk_sizes) != len(ids)
+        ):
             raise InvalidRequestError(
-                f"chunk_sizes {list(chunk_sizes)} must be positive and sum to the prompt length {len(ids)}"
+                f"chunk_sizes {list(chunk_sizes)} must be positive ints summing to the prompt length {len(ids)}"
             )
         if not self.free_rows:
             raise CapacityError(
@@ -161,6 +169,8 @@ class StaticDriver:
 
     def abort(self, uid: int) -> None:
         """Drop a running request and give its row and pages back."""
+        if uid not in self.running:
+            raise InvalidRequestError(f"uid {uid!r} is not a running request")
         self._finish(self.running[uid], "abort")
 
     # ---- pages ----------------------------------------------------------------------------------------------
@@ -211,7 +221,23 @@ class StaticDriver:
         return out
 
     def step(self) -> dict[int, int]:
-        """Run one forward pass (prefill of new requests first, else decode); returns {uid: new token}."""
+        """Run one forward pass (prefill of new requests first, else decode); returns {uid: new token}.
+
+        If the pass fails (an error in the model, NonFiniteLogitsError, ...), the requests are left as they were,
+        so step() can run again (after abort() of the requests a NonFiniteLogitsError names).
+        """
+        self.engine.check_open()
+        saved = [(seq, seq.req.cached_len, seq.req.device_len, deque(seq.chunks)) for seq in self.running.values()]
+        try:
+            return self._step()
+        except BaseException:
+            for seq, cached_len, device_len, chunks in saved:
+                if seq.req.cached_len == cached_len:  # the forward pass did not complete for it
+                    seq.req.device_len = device_len
+                    seq.chunks = chunks
+            raise
+
+    def _step(self) -> dict[int, int]:
         targets = self._prefill_targets()
         phase = "prefill" if targets else "decode"
         if targets:
@@ -249,6 +275,9 @@ class StaticDriver:
             self.step()
 
     def result(self, uid: int) -> Generation:
+        if uid not in self.finished:
+            state = "still running" if uid in self.running else "unknown"
+            raise InvalidRequestError(f"uid {uid!r} has no result: the request is {state}")
         seq = self.finished[uid]
         n_out = len(seq.output_ids)
         prompt = seq.req.input_ids[: len(seq.req.input_ids) - n_out].tolist()

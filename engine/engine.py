@@ -2,7 +2,8 @@
 
 Init order: TP info → device/stream/context → communication (TP > 1 only) → free memory → model (meta device,
 then weights) → KV pool (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows,
-the last is the dummy row) → attention backend → sampler → graph runner.
+the last is the dummy row) → attention backend → sampler → graph runner → CPU threads. Every check (backend
+name, memory needed) runs before the first allocation.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .sample import BatchSamplingArgs, Sampler
-from .validate import validate_batch
+from .validate import check_fresh, check_memory, validate_batch
 
 
 @dataclass
@@ -52,10 +53,7 @@ class Engine:
         self.dtype = config.resolve_dtype(torch_device)
         if torch_device.type == "cpu" and self.dtype in (torch.float16,):
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
-        threads = cpu_threads_for(self.tp_info.size) if torch_device.type == "cpu" else None
-        if threads is not None:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(threads)
+        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
         # 3. communication, only between several ranks
         self.comm: Comm = (
             NullComm()
@@ -75,6 +73,18 @@ class Engine:
         model_cls = get_model_class(model_config.architecture)
         with torch.device("meta"):
             model = model_cls(model_config).to(self.dtype)
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        bytes_per_page = KVCachePool.bytes_per_page(
+            model_config.num_layers, config.page_size, model_config.num_kv_heads, model_config.head_dim, self.dtype
+        )
+        needs = {
+            "weights": model_bytes,
+            "page table": (config.max_running_req + 1) * self.max_seq_len * 4,
+            "rotary tables": 4 * self.max_seq_len * model_config.head_dim * 4,  # cos, sin and two temporaries
+        }
+        if config.num_page_override is not None:
+            needs["KV pool"] = (config.num_page_override + 1) * bytes_per_page
+        check_memory(free_before, needs, "lower num_page_override, max_running_req or max_seq_len_override")
         model = model.to_empty(device=torch_device)
         if config.use_dummy_weight:
             fill_dummy_weights(model)
@@ -82,11 +92,7 @@ class Engine:
             load_weights(model, config.model_path, model_config.tie_word_embeddings)
         model.init_rotary(self.max_seq_len, torch_device)
         self.model = model.eval()
-        model_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # 6. KV pool
-        bytes_per_page = KVCachePool.bytes_per_page(
-            model_config.num_layers, config.page_size, model_config.num_kv_heads, model_config.head_dim, self.dtype
-        )
         if config.num_page_override is not None:
             num_pages = config.num_page_override
         else:
@@ -117,8 +123,7 @@ class Engine:
         self.dummy_req = Req(
             torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams()
         )
-        # 8. attention backend
-        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
+        # 8. attention backend (its name was checked before anything was allocated)
         self.attn_backend = create_backend(
             backend_name, self.kv_cache, self.page_table, model_config.num_qo_heads, torch_device
         )
@@ -135,12 +140,17 @@ class Engine:
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.graph_runner.capture(self.model, self.ctx, self.attn_backend, self.device.stream, self.max_seq_len)
+        # 11. CPU threads last: a constructor that fails earlier leaves the process's thread count alone
+        threads = cpu_threads_for(self.tp_info.size) if torch_device.type == "cpu" else None
+        if threads is not None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(threads)
 
     @property
     def model_config(self) -> ModelConfig:
         return self.config.model_config
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("this Engine was shut down; build a new Engine")
 
@@ -149,7 +159,7 @@ class Engine:
 
         The page table rows of every request must already hold slots for [0, device_len).
         """
-        self._check_open()
+        self.check_open()
         validate_batch(self, reqs, phase)
         self._wait_for_caller()
         with self.device.stream_context():
@@ -161,7 +171,7 @@ class Engine:
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
     def _prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
-        batch = Batch(list(reqs), phase)
+        batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
         self.graph_runner.pad_batch(batch)
         ids, positions, rows, cols = [], [], [], []
         for req in batch.padded_reqs:
@@ -187,7 +197,8 @@ class Engine:
 
     @torch.inference_mode()
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
-        self._check_open()
+        self.check_open()
+        check_fresh(batch)
         self._wait_for_caller()
         with self.device.stream_context():
             with self.ctx.forward_batch(batch):
@@ -196,9 +207,11 @@ class Engine:
                 else:
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = logits[: batch.size]
+            next_tokens = self.sampler.sample(logits, args)
+            # Only now, with nothing left to fail, do the requests advance: an exception above leaves them as
+            # they were, and the batch can run again.
             for req in batch.reqs:
                 req.complete_one()
-            next_tokens = self.sampler.sample(logits, args)
             if self.device.is_cuda:
                 host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
                 next_tokens_cpu = host.copy_(next_tokens, non_blocking=True)

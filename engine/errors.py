@@ -20,8 +20,22 @@ class ModelLoadError(EngineError):
 
 
 class CapacityError(EngineError):
-    """KV pages or page-table rows ran out. Requests already running are unaffected."""
+    """KV pages, page-table rows or memory ran out. Requests already running are unaffected."""
 
 
 class EngineClosedError(EngineError):
     """The engine was used after shutdown()."""
+
+
+class NonFiniteLogitsError(EngineError):
+    """Some rows of a batch have no token to sample: NaN or +inf logits, every logit -inf, or a temperature so
+    small that logits / temperature overflows float32.
+
+    Raised before any random draw and before the requests advance, so nothing changed: abort the requests in
+    ``uids`` and run the others again; they get exactly the tokens they would have got without the bad rows.
+    """
+
+    def __init__(self, message: str, rows: list[int], uids: list[int]) -> None:
+        super().__init__(message)
+        self.rows = rows  # indices into the batch
+        self.uids = uids  # the requests' uids

@@ -8,15 +8,20 @@ the raw logits, so a mixed batch never perturbs them.
 Drawing uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i.
 A request with a seed draws its noise from its own generator, seeded by (seed, position), so its tokens
 do not depend on the batch it is in.
+
+Rows with nothing to sample (NaN or +inf logits, every logit -inf, or logits / temperature past float32) raise
+NonFiniteLogitsError naming them, before any noise is drawn: the engine's generator is untouched, so the other
+rows, run again without the bad ones, get the same tokens as before. No row ever gets a made-up token.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .core import Batch, Req
+from .errors import InvalidRequestError, NonFiniteLogitsError
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
 
@@ -30,6 +35,7 @@ class BatchSamplingArgs:
     top_p: torch.Tensor | None  # float32 [bs]
     min_p: torch.Tensor | None  # float32 [bs]
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
+    uids: list[int] = field(default_factory=list)  # the rows' request uids, for error messages
 
 
 def step_seed(seed: int, position: int) -> int:
@@ -73,16 +79,48 @@ class Sampler:
             row_seeds=[
                 None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)
             ],
+            uids=[r.uid for r in reqs],
         )
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits: float32 [bs, vocab] → int32 token ids [bs]."""
+        """logits: float32 [bs, vocab] → int32 token ids [bs]. Raises NonFiniteLogitsError (see the module doc)."""
+        bs = len(args.row_seeds)
+        if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
+            raise InvalidRequestError(
+                f"logits have shape {tuple(logits.shape)}, expected [batch size {bs}, vocab {self.vocab_size}]"
+            )
+        # amax propagates NaN, so this flags NaN, +inf and all -inf rows in one reduction.
+        bad = ~logits.amax(dim=-1).isfinite()
         argmax = logits.argmax(dim=-1)
         if args.all_greedy:
+            self._check_rows(bad, args, logits)
             return argmax.to(torch.int32)
         probs = self.filtered_probs(logits, args)
+        self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
         sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
         return torch.where(args.greedy, argmax, sampled).to(torch.int32)
+
+    @staticmethod
+    def _check_rows(bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:
+        """One host sync per step; the message is built only on the error path."""
+        if not bool(bad.any()):
+            return
+        rows = bad.nonzero().flatten().tolist()
+        uids = [args.uids[r] for r in rows] if args.uids else rows
+        row = logits[rows[0]]
+        what = (
+            "NaN logits" if bool(row.isnan().any())
+            else "+inf logits" if bool(row.isposinf().any())
+            else "every logit -inf" if bool(row.isneginf().all())
+            else f"logits / temperature={float(args.temperature[rows[0]])} overflowing float32"
+        )
+        raise NonFiniteLogitsError(
+            f"request(s) {uids} (batch rows {rows}) have no token to sample: row {rows[0]} has {what}; the model "
+            "produced non-finite values (check its weights and dtype) or the temperature is too small. Abort these "
+            "requests; the other rows are unaffected",
+            rows,
+            uids,
+        )
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """The probability vector each sampled row draws from (float32)."""

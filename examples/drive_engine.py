@@ -9,17 +9,36 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from engine import Engine, EngineConfig, EngineError, Req, SamplingParams
+from engine import Engine, EngineConfig, EngineError, ModelLoadError, Req, SamplingParams
+from engine.core import Phase
 from oracle.hf import HFOracle
+from oracle.zoo import ModelBuildError
 
 PROMPTS = [
     "The capital of France is",
     "Water boils at a temperature of",
     "The three primary colors are",
 ]
+
+
+# Any of these makes a loadable tokenizer; without them transformers 5 quietly builds an empty one.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{model_dir!r} has no tokenizer ({', '.join(TOKENIZER_FILES)}); the demo needs one to encode its "
+            "prompts: save it into the dir with tokenizer.save_pretrained(dir)"
+        )
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def allocate_slots(engine: Engine, req: Req, free_pages: list[int], upto: int) -> None:
@@ -36,9 +55,7 @@ def allocate_slots(engine: Engine, req: Req, free_pages: list[int], upto: int) -
 
 
 def run(model_dir: str, max_tokens: int, page_size: int) -> bool:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     engine = Engine(EngineConfig(model_dir, page_size=page_size, max_running_req=len(PROMPTS)))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     free_pages = list(range(engine.num_pages))
@@ -49,7 +66,7 @@ def run(model_dir: str, max_tokens: int, page_size: int) -> bool:
     # Prefill: every prompt in one batch.
     for req in reqs:
         allocate_slots(engine, req, free_pages, req.device_len)
-    phase = "prefill"
+    phase: Phase = "prefill"
     for _ in range(max_tokens):
         batch, args = engine.prepare_batch(reqs, phase)
         out = engine.forward_batch(batch, args)  # complete_one() ran: device_len now counts the new token
@@ -87,10 +104,12 @@ def main() -> int:
 
             args.model = str(smollm2_dir())
         return 0 if run(args.model, args.max_tokens, args.page_size) else 1
-    except (EngineError, OSError, ValueError) as e:
+    except (EngineError, ModelBuildError, OSError, ValueError) as e:
         if args.debug:
             raise
-        print(f"error: {e}\nhint: run with --debug for a traceback", file=sys.stderr)
+        message = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        hint = e.hint if isinstance(e, ModelBuildError) else "run with --debug for a traceback"
+        print(f"error: {message}\nhint: {hint}", file=sys.stderr)
         return 2
 
 

@@ -45,19 +45,23 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"config.json must hold a JSON object, got a {type(cfg).__name__}")
         archs = cfg.get("architectures") or []
-        if not archs:
-            raise ModelLoadError("config.json has no 'architectures' entry; cannot pick a model class")
+        if not isinstance(archs, list) or not archs:
+            raise ModelLoadError(
+                f"config.json's 'architectures' is {archs!r}; use a non-empty list such as [\"LlamaForCausalLM\"]"
+            )
         try:
-            hidden = int(cfg["hidden_size"])
-            num_heads = int(cfg["num_attention_heads"])
+            hidden = _positive(cfg, "hidden_size")
+            num_heads = _positive(cfg, "num_attention_heads")
             head_dim = int(cfg.get("head_dim") or hidden // num_heads)
             model_cfg = cls(
                 architecture=str(archs[0]),
-                vocab_size=int(cfg["vocab_size"]),
+                vocab_size=_positive(cfg, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                intermediate_size=_positive(cfg, "intermediate_size"),
+                num_layers=_positive(cfg, "num_hidden_layers"),
                 num_qo_heads=num_heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
                 head_dim=head_dim,
@@ -74,6 +78,13 @@ class ModelConfig:
             raise ModelLoadError(f"config.json lacks the required key {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"config.json has a malformed value: {e}") from None
+        for key, value in (
+            ("head_dim", model_cfg.head_dim),
+            ("num_key_value_heads", model_cfg.num_kv_heads),
+            ("max_position_embeddings", model_cfg.max_position_embeddings),
+        ):
+            if value <= 0:
+                raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
         if model_cfg.num_qo_heads % model_cfg.num_kv_heads != 0:
             raise ModelLoadError(
                 f"num_attention_heads={model_cfg.num_qo_heads} is not a multiple of "
@@ -98,6 +109,13 @@ class ModelConfig:
         return cls.from_dict(cfg)
 
 
+def _positive(cfg: dict[str, Any], key: str) -> int:
+    value = int(cfg[key])
+    if value <= 0:
+        raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
+    return value
+
+
 def _parse_eos(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -109,6 +127,8 @@ def _parse_eos(value: Any) -> tuple[int, ...]:
 def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     # transformers 5 folds rope_theta into rope_parameters; transformers 4 keeps them apart.
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ModelLoadError(f"config.json: rope_parameters / rope_scaling must be an object, got {params!r}")
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "llama3"):
