@@ -11,6 +11,7 @@ from .errors import (
     EngineError,
     InvalidRequestError,
     ModelLoadError,
+    NonFiniteLogitsError,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ForwardOutput",
     "InvalidRequestError",
     "ModelLoadError",
+    "NonFiniteLogitsError",
     "Req",
     "SamplingParams",
     "TPInfo",

@@ -32,12 +32,12 @@ from engine import (
     EngineError,
     InvalidRequestError,
     ModelLoadError,
+    NonFiniteLogitsError,
     Req,
     SamplingParams,
 )
 from engine.attention import known_backends
 from engine.driver import PageLayout, StaticDriver
-from engine.errors import NonFiniteLogitsError
 from engine.models import supported_architectures
 from engine.sample import Sampler
 from oracle.hf import HFOracle
