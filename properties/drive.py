@@ -1,0 +1,132 @@
+"""Running request specs through the engine, for the properties.
+
+Engines are built once per configuration (EnginePool) and shared by the examples of a session. Each run gets a
+fresh StaticDriver, so no schedule state carries over. KV left in the pool by earlier runs is never read: a request
+attends only to slots [0, device_len) of its own page-table row, and writes each of them (store_kv runs before
+the gather in every layer) before any read. Stale KV is in fact part of what is tested: runs reuse pages that
+earlier examples and churn requests filled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import Engine, EngineConfig, Req, SamplingParams
+from engine.driver import Generation, StaticDriver
+from oracle.zoo import TINY_ARCHS, tiny_config
+
+from .strategies import LayoutSpec, RequestSpec
+
+__all__ = ["MAX_SEQ_LEN", "TINY_ARCHS", "TINY_VOCAB", "EnginePool", "place", "row_slots", "run_churn", "run_requests"]
+
+TINY_VOCAB = tiny_config(TINY_ARCHS[0]).vocab_size
+"""Vocabulary of oracle.zoo's tiny models (the same for every architecture)."""
+
+MAX_SEQ_LEN = 96
+"""Sequence capacity of every pooled engine: prompts (<= 64) plus new tokens (<= 16) fit."""
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    model: str
+    page_size: int
+    dtype: str
+    max_running_req: int
+    num_pages: int
+
+
+class EnginePool:
+    """Engines by configuration, built on first use; close() shuts them all down."""
+
+    def __init__(self) -> None:
+        self._engines: dict[EngineKey, Engine] = {}
+
+    def get(
+        self,
+        model: str | Path,
+        page_size: int = 1,
+        dtype: str = "float32",
+        max_running_req: int = 8,
+        num_pages: int | None = None,
+    ) -> Engine:
+        """num_pages defaults to a full block of MAX_SEQ_LEN slots per page-table row (see place())."""
+        pages = num_pages if num_pages is not None else max_running_req * -(-MAX_SEQ_LEN // page_size)
+        key = EngineKey(str(model), page_size, dtype, max_running_req, pages)
+        if key not in self._engines:
+            self._engines[key] = Engine(
+                EngineConfig(
+                    str(model),
+                    dtype=dtype,
+                    device="cpu",
+                    page_size=page_size,
+                    max_running_req=max_running_req,
+                    max_seq_len_override=MAX_SEQ_LEN,
+                    num_page_override=pages,
+                )
+            )
+        return self._engines[key]
+
+    def close(self) -> None:
+        for engine in reversed(list(self._engines.values())):  # reversed: each restores the thread count it found
+            engine.shutdown()
+        self._engines.clear()
+
+
+def run_churn(driver: StaticDriver, churn: Sequence[tuple[Sequence[int], bool]]) -> None:
+    """Run throwaway greedy requests: all prefilled together, the flagged ones aborted, the rest decoded to the end."""
+    uids = [(driver.add(prompt, SamplingParams(max_tokens=3, ignore_eos=True)), abort) for prompt, abort in churn]
+    if uids:
+        driver.step()
+    for uid, abort in uids:
+        if abort:
+            driver.abort(uid)
+    driver.run()
+
+
+def run_requests(
+    engine: Engine,
+    specs: Sequence[RequestSpec],
+    layout: LayoutSpec | None = None,
+    sampler_seed: int = 0,
+    max_prefill_tokens: int | None = None,
+) -> list[Generation]:
+    """Add every request at once and run them to completion, recording logits; results in spec order.
+
+    The engine's generator is reseeded first, so unseeded sampled requests replay too.
+    """
+    if layout is not None and layout.page_size != engine.config.page_size:
+        raise ValueError(f"layout page_size {layout.page_size} != engine page_size {engine.config.page_size}")
+    engine.sampler.generator.manual_seed(sampler_seed)
+    driver = StaticDriver(
+        engine, layout.layout if layout else None, record_logits=True, max_prefill_tokens=max_prefill_tokens
+    )
+    if layout is not None:
+        run_churn(driver, layout.churn)
+    uids = [driver.add(s.prompt, s.params, s.chunk_sizes) for s in specs]
+    driver.run()
+    return [driver.result(uid) for uid in uids]
+
+
+def place(engine: Engine, tokens: Sequence[int], cached_len: int, row: int, params: SamplingParams) -> Req:
+    """A hand-built Req on page-table row `row`, computing tokens [cached_len, len(tokens)).
+
+    The row's slots are its own contiguous block of pages (row r owns pages [r * n, (r + 1) * n) with
+    n = MAX_SEQ_LEN / page_size), written into the page table here; EnginePool's default num_pages holds them all.
+    """
+    page_size = engine.config.page_size
+    per_row = -(-MAX_SEQ_LEN // page_size)
+    if (row + 1) * per_row > engine.num_pages:
+        raise ValueError(f"row {row} needs pages up to {(row + 1) * per_row}, the engine has {engine.num_pages}")
+    first_slot = row * per_row * page_size
+    engine.page_table[row, :MAX_SEQ_LEN] = torch.arange(first_slot, first_slot + MAX_SEQ_LEN, dtype=torch.int32)
+    ids = torch.tensor(list(tokens), dtype=torch.int32)
+    return Req(ids, row, cached_len, params.max_tokens, uid=row, sampling_params=params)
+
+
+def row_slots(engine: Engine, req: Req) -> torch.Tensor:
+    """The KV slots [0, device_len) of a request, from the page table (int64)."""
+    return engine.page_table[req.table_idx, : req.device_len].long()

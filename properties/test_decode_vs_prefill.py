@@ -1,0 +1,46 @@
+"""Property 3: decode ≡ teacher-forced prefill.
+
+The engine generates (greedy, seeded or unseeded sampling, batched, under random page layouts) and records the
+logits of every step. HF float64 then runs the full sequence (prompt + generated tokens) in one forward pass;
+its logits at the position before each generated token must match the engine's logits of that step. So every
+decode step, reading the KV cache written by the prefill and by earlier decode steps, computes what one full
+prefill computes.
+
+Tolerance: the float32 logit bound of properties.checks (rel 5e-5 of the row's largest |logit|), the same as for
+prefill: KV read back from the cache is bit-for-bit what was written, so decoding adds no error of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracle.hf import HFOracle
+from properties.budget import examples
+from properties.checks import assert_logits_close, logit_tolerance
+from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from properties.strategies import batches, layouts, sampling_params, seeds
+
+
+@settings(max_examples=examples(0.8))
+@given(data=st.data())
+def test_decode_matches_teacher_forced_prefill(
+    data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
+) -> None:
+    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    layout = data.draw(layouts(TINY_VOCAB), label="layout")
+    params = sampling_params(TINY_VOCAB, max_tokens=st.integers(2, 16))
+    specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params), label="requests")
+    engine = engines.get(tiny_models[arch], layout.page_size)
+    gens = run_requests(engine, specs, layout, sampler_seed=data.draw(seeds, label="sampler_seed"))
+    tol = logit_tolerance(engine.dtype)
+    for i, (spec, gen) in enumerate(zip(specs, gens)):
+        forced = oracle(tiny_models[arch]).teacher_forced_logits([*spec.prompt, *gen.output_ids])
+        start = len(spec.prompt) - 1
+        for step, row in enumerate(gen.logits):
+            assert_logits_close(
+                row, forced[start + step], tol, f"request {i}, step {step} (position {start + step}), {spec.params}"
+            )
