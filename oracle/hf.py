@@ -26,7 +26,10 @@ class HFOracle:
     def model(self) -> Any:  # a transformers PreTrainedModel; typed loosely, transformers is untyped here
         from transformers import AutoModelForCausalLM
 
-        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        # MoE experts: the default grouped_mm kernels have no float64 path on CPU; the eager loop runs in any dtype.
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=self.dtype, experts_implementation="eager"
+        )
         return model.to(self.device).eval()
 
     @cached_property
