@@ -22,6 +22,7 @@ from .errors import ConfigError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
+from .moe import create_moe_backend
 from .sample import BatchSamplingArgs, Sampler
 from .validate import check_fresh, check_memory, validate_batch
 
@@ -54,6 +55,7 @@ class Engine:
         if torch_device.type == "cpu" and self.dtype in (torch.float16,):
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
         backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
+        moe_backend = create_moe_backend(config.moe_backend)  # checked for every model: a typo is an error
         # 3. communication, only between several ranks
         self.comm: Comm = (
             NullComm()
@@ -72,7 +74,7 @@ class Engine:
         # 5. the model: built on the meta device (no allocation), then materialized and filled
         model_cls = get_model_class(model_config.architecture)
         with torch.device("meta"):
-            model = model_cls(model_config).to(self.dtype)
+            model = model_cls(model_config, moe_backend).to(self.dtype)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         bytes_per_page = KVCachePool.bytes_per_page(
             model_config.num_layers, config.page_size, model_config.num_kv_heads, model_config.head_dim, self.dtype
@@ -136,7 +138,9 @@ class Engine:
         self.graph_runner = GraphRunner(
             self.dummy_req,
             [bs for bs in graph_bs if bs <= config.max_running_req],
-            enabled=self.device.is_cuda and self.attn_backend.supports_cuda_graph,
+            enabled=self.device.is_cuda
+            and self.attn_backend.supports_cuda_graph
+            and (model_config.num_experts == 0 or moe_backend.supports_cuda_graph),
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.graph_runner.capture(self.model, self.ctx, self.attn_backend, self.device.stream, self.max_seq_len)

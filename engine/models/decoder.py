@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -12,6 +14,7 @@ from ..layers.embedding import Embedding, LMHead
 from ..layers.linear import Linear, MergedLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
+from ..moe import BaseMoeBackend
 from .config import ModelConfig
 
 
@@ -47,12 +50,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, qk_norm: bool, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = SelfAttention(cfg, layer_id, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = mlp
 
     def forward(
         self,
@@ -73,10 +76,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderBody(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, qk_norm: bool, make_mlp: Callable[[ModelConfig, int], nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qk_norm) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, qk_norm, make_mlp(cfg, i)) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -85,13 +88,19 @@ class DecoderForCausalLM(nn.Module):
 
     qk_norm = False
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, moe_backend: BaseMoeBackend | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderBody(cfg, self.qk_norm)
+        # Only models with sparse layers use it (see make_mlp); None there means the default backend.
+        self.moe_backend = moe_backend
+        self.model = DecoderBody(cfg, self.qk_norm, self.make_mlp)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied_to=tied)
         self.rotary: RotaryEmbedding | None = None
+
+    def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
+        """The MLP of layer `layer_id`; MoE models override this to put sparse blocks in some layers."""
+        return MLP(cfg)
 
     def init_rotary(self, max_positions: int, device: torch.device) -> None:
         self.rotary = RotaryEmbedding(self.config.head_dim, max_positions, self.config.rope, device)

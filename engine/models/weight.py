@@ -1,4 +1,4 @@
-"""Stream weights from *.safetensors into a materialized model, merging q/k/v and gate/up.
+"""Stream weights from *.safetensors into a materialized model, merging q/k/v, gate/up and per-expert MoE weights.
 
 Every checkpoint tensor must map to exactly one parameter (or shard of a merged one) with the same shape,
 and every parameter must be filled; otherwise ModelLoadError names the tensor.
@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from ..layers.linear import MergedLinear
+from ..moe.layer import EXPERT_PROJECTIONS, FusedMoE
 
 # HF projection name → (our merged module, shard name).
 _MERGED = {
@@ -25,12 +26,19 @@ _MERGED = {
     "up_proj": ("gate_up_proj", "up"),
 }
 _MERGED_RE = re.compile(r"^(.*)\.(" + "|".join(_MERGED) + r")\.(weight|bias)$")
+# MoE experts stored apart (transformers' default save_pretrained, and older checkpoints) fill shards of
+# FusedMoE's 3-D weights; the fused form (`experts.gate_up_proj`, `experts.down_proj`) loads by name.
+_EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(" + "|".join(EXPERT_PROJECTIONS) + r")\.weight$")
 # Buffers some older checkpoints carry; they are recomputed, not loaded.
 _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
 
 
 def _target(name: str) -> tuple[str, str | None]:
     """HF tensor name → (our parameter name, shard or None)."""
+    m = _EXPERT_RE.match(name)
+    if m is not None:
+        prefix, expert, proj = m.groups()
+        return f"{prefix}.{EXPERT_PROJECTIONS[proj][0]}", f"{expert}.{proj}"
     m = _MERGED_RE.match(name)
     if m is None:
         return name, None
@@ -39,10 +47,15 @@ def _target(name: str) -> tuple[str, str | None]:
     return f"{prefix}.{module}.{kind}", shard
 
 
-def _merged_owner(model: nn.Module, param_name: str) -> MergedLinear:
-    module = model.get_submodule(param_name.rsplit(".", 1)[0])
-    assert isinstance(module, MergedLinear)
-    return module
+def _shards(model: nn.Module, param_name: str) -> set[str | None]:
+    """What must be loaded to fill a parameter: the whole tensor (None), or each of its shards."""
+    prefix, leaf = param_name.rsplit(".", 1)
+    module = model.get_submodule(prefix)
+    if isinstance(module, MergedLinear):
+        return set(module.shard_offsets)
+    if isinstance(module, FusedMoE):
+        return set(module.shard_names(leaf))
+    return {None}
 
 
 def safetensors_files(model_path: str | Path) -> list[Path]:
@@ -57,14 +70,8 @@ def safetensors_files(model_path: str | Path) -> list[Path]:
 
 def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool) -> None:
     params = dict(model.named_parameters())
-    # Each (param, shard) that still needs a value; shards of merged layers count separately.
-    pending: set[tuple[str, str | None]] = set()
-    for pname in params:
-        module = model.get_submodule(pname.rsplit(".", 1)[0])
-        if isinstance(module, MergedLinear):
-            pending.update((pname, shard) for shard in module.shard_offsets)
-        else:
-            pending.add((pname, None))
+    # param → the shards that still need a value; a whole tensor (shard None) fills every shard at once.
+    pending = {pname: _shards(model, pname) for pname in params}
 
     for path in safetensors_files(model_path):
         try:
@@ -80,13 +87,16 @@ def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool
                             f"unexpected tensor {name!r} in {path.name}: the architecture has no such weight"
                         )
                     _copy_tensor(model, params[pname], pname, target_shard, name, f.get_tensor(name))
-                    pending.discard((pname, target_shard))
+                    left = pending.get(pname, set())
+                    left.discard(target_shard)
+                    if target_shard is None or not left:
+                        pending.pop(pname, None)
         except SafetensorError as e:
             raise ModelLoadError(f"{path.name} is not a readable safetensors file ({e}); re-save it") from None
         except OSError as e:
             raise ModelLoadError(f"cannot read {path}: {e}") from None
     if pending:
-        missing = sorted(_hf_name(p, s) for p, s in pending)
+        missing = sorted(_hf_name(p, s) for p, shards in pending.items() for s in shards)
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise ModelLoadError(f"missing tensor(s) in {str(model_path)!r}: {', '.join(missing[:8])}{more}")
 
@@ -94,6 +104,8 @@ def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool
 def _hf_name(pname: str, shard: str | None) -> str:
     if shard is None:
         return pname
+    if "." in shard:  # an expert's projection, "<e>.<proj>"
+        return f"{pname.rsplit('.', 1)[0]}.{shard}.weight"
     prefix, module, kind = pname.rsplit(".", 2)
     proj = next(p for p, (m, s) in _MERGED.items() if m == module and s == shard)
     return f"{prefix}.{proj}.{kind}"
@@ -102,10 +114,15 @@ def _hf_name(pname: str, shard: str | None) -> str:
 def _copy_tensor(
     model: nn.Module, param: torch.Tensor, pname: str, shard: str | None, name: str, value: torch.Tensor
 ) -> None:
+    prefix, leaf = pname.rsplit(".", 1)
+    owner = model.get_submodule(prefix)
     if shard is None:
         dest = param.data
+    elif isinstance(owner, FusedMoE):
+        dest = owner.shard_view(leaf, shard)
     else:
-        start, size = _merged_owner(model, pname).shard_offsets[shard]
+        assert isinstance(owner, MergedLinear)
+        start, size = owner.shard_offsets[shard]
         dest = param.data.narrow(0, start, size)
     if tuple(dest.shape) != tuple(value.shape):
         raise ModelLoadError(
