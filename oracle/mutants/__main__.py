@@ -1,0 +1,96 @@
+"""python -m oracle.mutants [--fast] [--only NAME ...] [--list]: run the mutant catalogue, print the kill table.
+
+Exits 0 only if the baseline passes and every mutant is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import MUTANTS
+from .runner import BASELINE, REPO_ROOT, RunResult, run_table, targets_of, write_json
+
+_STYLE = {"killed": "green", "passed": "green", "survived": "bold red", "failed": "bold red"}
+
+
+def _catalogue_table(fast: bool) -> Table:
+    table = Table(title=f"mutant catalogue ({'fast' if fast else 'full'} targets)")
+    for col in ("mutant", "bug", "seen in", "targets"):
+        table.add_column(col, overflow="fold")
+    for name, m in MUTANTS.items():
+        table.add_row(name, m.bug, m.seen, "\n".join(targets_of(name, fast)))
+    return table
+
+
+def _kill_table(results: list[RunResult], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("mutant")
+    table.add_column("result")
+    table.add_column("killed by (first failing test)", overflow="fold")
+    table.add_column("failing", justify="right")
+    table.add_column("time", justify="right")
+    for r in results:
+        style = _STYLE.get(r.status, "bold yellow")
+        killer = r.killer or ("—" if r.ok else f"see {r.log}")
+        failing = str(len(r.failed)) if r.mutant != BASELINE else f"{len(r.failed)} ({r.passed} passed)"
+        table.add_row(r.mutant, f"[{style}]{r.status}[/]", killer, failing, f"{r.seconds:.1f} s")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oracle.mutants", description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="CI configuration: targeted tests, -x, dev profile")
+    parser.add_argument("--only", action="append", choices=list(MUTANTS), metavar="NAME", help="run only these")
+    parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run of the targets without a mutant")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="mutants run in parallel (default 1)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per pytest run (default: none)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="where mutants.json and logs go")
+    args = parser.parse_args(argv)
+
+    console = Console()
+    if args.list:
+        console.print(_catalogue_table(args.fast))
+        return 0
+    names = args.only or list(MUTANTS)
+    total = len(names) + (0 if args.no_baseline else 1)
+    count = 0
+
+    def progress(result: RunResult) -> None:
+        nonlocal count
+        count += 1
+        style = _STYLE.get(result.status, "bold yellow")
+        console.print(f"[{count}/{total}] {result.mutant}: [{style}]{result.status}[/] ({result.seconds:.1f} s)")
+
+    start = time.perf_counter()
+    results = run_table(
+        names,
+        args.fast,
+        args.out / "mutants",
+        baseline=not args.no_baseline,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        on_result=progress,
+    )
+    wall = time.perf_counter() - start
+    mode = "fast" if args.fast else "full"
+    console.print(_kill_table(results, f"kill table ({mode}, {wall:.0f} s wall)"))
+    write_json(results, args.out / ("mutants-fast.json" if args.fast else "mutants.json"), args.fast)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        console.print(
+            f"[bold red]{len(bad)} run(s) not as required:[/] " + ", ".join(f"{r.mutant} ({r.status})" for r in bad)
+        )
+        return 1
+    console.print(f"[green]all {len(names)} mutants killed[/] ({mode}, {wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
