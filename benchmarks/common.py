@@ -1,0 +1,212 @@
+"""What the benchmarks share: the model each device runs, engine setup, prompts, timing and step harnesses.
+
+GPU runs use the Qwen3-0.6B shape (configs/qwen3-0.6b) with dummy weights in bf16; CPU runs use the real
+SmolLM2-135M in fp32, built once into the cache by oracle.zoo.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import Engine, EngineConfig, Req, SamplingParams
+from engine.core import Batch
+from engine.sample import Sampler
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+GPU_SHAPE = "qwen3-0.6b"
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def has_flashinfer() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of fn(), with the device drained before and after."""
+    return timed_both(fn, device)[0]
+
+
+def timed_both(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of fn(), with the device drained before and after.
+
+    On a shared CPU the CPU time is the steadier of the two: time slices lost to other processes do not count.
+    """
+    synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    path: Path
+    dummy: bool  # fill with dummy weights instead of loading *.safetensors
+    dtype: torch.dtype
+    label: str
+
+
+def model_for(device: torch.device, model_dir: str | None = None, shape: str = GPU_SHAPE) -> ModelChoice:
+    """The benchmark model of a device, or model_dir (dummy weights if it holds no *.safetensors)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if model_dir is not None:
+        path = Path(model_dir)
+        return ModelChoice(path, not any(path.glob("*.safetensors")), dtype, path.name)
+    if device.type == "cuda":
+        return ModelChoice(CONFIGS / shape, True, dtype, f"{shape} (dummy weights)")
+    from oracle.zoo import smollm2_dir
+
+    return ModelChoice(smollm2_dir(progress=False), False, dtype, "SmolLM2-135M-Instruct")
+
+
+def build_engine(
+    choice: ModelChoice,
+    device: torch.device,
+    max_running_req: int,
+    kv_tokens: int | None,
+    page_size: int = 1,
+    cuda_graph_bs: list[int] | None = None,
+    max_seq_len: int | None = None,
+) -> Engine:
+    """An engine whose KV pool holds kv_tokens tokens (None: the engine's own memory planning)."""
+    pages = None if kv_tokens is None else -(-kv_tokens // page_size) + max_running_req
+    config = EngineConfig(
+        str(choice.path),
+        dtype=choice.dtype,
+        device=str(device),
+        max_running_req=max_running_req,
+        page_size=page_size,
+        use_dummy_weight=choice.dummy,
+        num_page_override=pages,
+        cuda_graph_bs=cuda_graph_bs,
+        cuda_graph_max_bs=max(cuda_graph_bs) if cuda_graph_bs else None,
+        max_seq_len_override=max_seq_len,
+    )
+    return Engine(config, sampler_seed=0)
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (count, length), generator=gen).tolist()
+
+
+# ---- graphs on/off in one engine ------------------------------------------------------------------------------
+def graphs_captured(engine: Engine) -> bool:
+    runner = engine.graph_runner
+    return bool(runner.enabled and runner.graphs)
+
+
+@contextmanager
+def graphs(engine: Engine, on: bool) -> Iterator[None]:
+    """Run with CUDA graphs (when captured) or eagerly: the same engine, weights and KV either way."""
+    runner = engine.graph_runner
+    saved = runner.enabled
+    runner.enabled = saved and on
+    try:
+        yield
+    finally:
+        runner.enabled = saved
+
+
+# ---- step harnesses: the same step, repeated --------------------------------------------------------------------
+def _map_slots(engine: Engine, row: int, start: int, count: int) -> None:
+    slots = torch.arange(start, start + count, dtype=torch.int32)
+    engine.page_table[row, :count] = slots.to(engine.device.torch_device)
+
+
+class DecodeStep:
+    """bs requests with `context` prompt tokens each, prefilled once; step() runs one decode step of all of them.
+
+    Each step rewinds the requests to the same state first, so it rewrites the same KV slot and every call
+    times the same work.
+    """
+
+    def __init__(self, engine: Engine, bs: int, context: int, seed: int = 0) -> None:
+        self.engine = engine
+        self.context = context
+        vocab = engine.model_config.vocab_size
+        span = -(-(context + 1) // engine.config.page_size) * engine.config.page_size
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        self.reqs = []
+        for i, prompt in enumerate(random_prompts(bs, context, vocab, seed)):
+            _map_slots(engine, i, i * span, context + 1)
+            self.reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), i, 0, 1, i, params))
+        batch, args = engine.prepare_batch(self.reqs, "prefill")
+        out = engine.forward_batch(batch, args)
+        out.copy_done_event.synchronize()
+        for req, token in zip(self.reqs, out.next_tokens_cpu):
+            req.append_host(token)
+
+    def step(self) -> None:
+        for req in self.reqs:
+            req.cached_len, req.device_len = self.context, self.context + 1
+        batch, args = self.engine.prepare_batch(self.reqs, "decode")
+        self.engine.forward_batch(batch, args)
+        synchronize(self.engine.device.torch_device)
+
+
+class PrefillStep:
+    """One request of `length` tokens; step() prefills all of it (no prefix cached)."""
+
+    def __init__(self, engine: Engine, length: int, seed: int = 0) -> None:
+        self.engine = engine
+        self.length = length
+        prompt = random_prompts(1, length, engine.model_config.vocab_size, seed)[0]
+        _map_slots(engine, 0, 0, length + 1)
+        self.req = Req(torch.tensor(prompt, dtype=torch.int32), 0, 0, 1, 0, SamplingParams(max_tokens=1))
+
+    def step(self) -> None:
+        self.req.cached_len, self.req.device_len = 0, self.length
+        batch, args = self.engine.prepare_batch([self.req], "prefill")
+        self.engine.forward_batch(batch, args)
+        synchronize(self.engine.device.torch_device)
+
+
+# ---- samplers -----------------------------------------------------------------------------------------------------
+# No seeded row: a batch with one keeps the torch path even where FlashInfer is on (see engine/sample.py).
+MIXED_PARAMS = (
+    SamplingParams(),  # greedy
+    SamplingParams(temperature=0.7, top_k=50),
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.2, min_p=0.1),
+    SamplingParams(temperature=0.6, top_k=20, top_p=0.8),
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.9, top_k=100, top_p=0.95),
+)
+
+
+def mixed_batch(bs: int) -> Batch:
+    reqs = [
+        Req(torch.tensor([1, 2, 3], dtype=torch.int32), i, 0, 1, i, MIXED_PARAMS[i % len(MIXED_PARAMS)])
+        for i in range(bs)
+    ]
+    for req in reqs:
+        req.cached_len = req.device_len - 1
+    return Batch(reqs, "decode")
+
+
+def make_sampler(impl: str, device: torch.device, vocab: int) -> Sampler | None:
+    """The engine's sampler on its torch or its FlashInfer path; None when that path cannot run here."""
+    if impl == "flashinfer" and (device.type != "cuda" or not has_flashinfer()):
+        return None
+    if "use_flashinfer" not in inspect.signature(Sampler).parameters:
+        return Sampler(device, vocab, seed=0) if impl == "torch" else None
+    return Sampler(device, vocab, seed=0, use_flashinfer=impl == "flashinfer")

@@ -1,0 +1,119 @@
+"""Micro-benchmarks: one decode step, one prefill, the sampler, store_kv, and graph replay against eager.
+
+Every timed callable drains the device before it returns, so a time covers all the work it queued. Each case
+is named by its device, so a saved CPU run and a saved GPU run never compare against each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from engine import Batch, Engine
+from engine.kvcache.pool import KVCachePool
+
+from .common import DecodeStep, PrefillStep, graphs, graphs_captured, make_sampler, mixed_batch
+from .conftest import DECODE_BS, DECODE_CONTEXT, PREFILL_LENS, device_params, needs_cuda
+
+EngineFor = Callable[[str], Engine]
+
+
+def _warm(device: str, fn: Callable[[], None]) -> None:
+    """One untimed call on GPU: JIT compiles and lazy allocations stay out of the statistics."""
+    if device == "cuda":
+        fn()
+
+
+@pytest.mark.parametrize(("device", "bs"), device_params(DECODE_BS))
+def test_decode_step(benchmark, engine_for: EngineFor, device: str, bs: int) -> None:
+    """prepare_batch + forward (CUDA graphs where captured) + sampling of bs requests at DECODE_CONTEXT tokens."""
+    step = DecodeStep(engine_for(device), bs, DECODE_CONTEXT[device])
+    _warm(device, step.step)
+    benchmark.group = f"decode-step-{device}"
+    benchmark.extra_info.update(bs=bs, context=DECODE_CONTEXT[device])
+    benchmark(step.step)
+
+
+@pytest.mark.benchmark(min_rounds=3)
+@pytest.mark.parametrize(("device", "length"), device_params({"cpu": PREFILL_LENS, "cuda": PREFILL_LENS}))
+def test_prefill(benchmark, engine_for: EngineFor, device: str, length: int) -> None:
+    step = PrefillStep(engine_for(device), length)
+    _warm(device, step.step)
+    benchmark.group = f"prefill-{device}"
+    benchmark.extra_info.update(tokens=length)
+    benchmark(step.step)
+
+
+SAMPLER_CASES = {"cpu": ((8, 49152), (64, 49152)), "cuda": ((1, 151936), (64, 151936), (256, 151936))}
+
+
+@pytest.mark.parametrize("impl", ["torch", "flashinfer"])
+@pytest.mark.parametrize(("device", "shape"), device_params(SAMPLER_CASES))
+def test_sampler(benchmark, device: str, shape: tuple[int, int], impl: str) -> None:
+    """prepare + sample of a batch mixing greedy, temperature, top-k, top-p and min-p rows."""
+    bs, vocab = shape
+    dev = torch.device(device)
+    sampler = make_sampler(impl, dev, vocab)
+    if sampler is None:
+        pytest.skip(f"the {impl} sampling path needs CUDA and the flashinfer package")
+    logits = torch.randn(bs, vocab, generator=torch.Generator().manual_seed(0)).mul_(3.0).to(dev)
+    batch = mixed_batch(bs)
+
+    def run() -> None:
+        sampler.sample(logits, sampler.prepare(batch))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    _warm(device, run)
+    benchmark.group = f"sampler-{device}-{bs}x{vocab}"
+    benchmark.extra_info.update(bs=bs, vocab=vocab, impl=impl)
+    benchmark(run)
+
+
+# (kv_heads, head_dim, dtype) per device: SmolLM2 on CPU, the Qwen3 shapes on GPU.
+KV_SHAPE = {"cpu": (3, 64, torch.float32), "cuda": (8, 128, torch.bfloat16)}
+
+
+@pytest.mark.parametrize(("device", "tokens"), device_params({"cpu": (64, 2048), "cuda": (256, 2048)}))
+def test_store_kv(benchmark, device: str, tokens: int) -> None:
+    """One layer's K and V for `tokens` tokens written to scattered slots (a decode batch or a prefill)."""
+    heads, dim, dtype = KV_SHAPE[device]
+    dev = torch.device(device)
+    pool = KVCachePool(1, 16384, 1, heads, dim, dtype, dev)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(tokens, heads, dim, generator=gen).to(dev, dtype)
+    v = torch.randn(tokens, heads, dim, generator=gen).to(dev, dtype)
+    out_loc = torch.randperm(16384, generator=gen)[:tokens].to(dev, torch.int32)
+
+    def run() -> None:
+        pool.store_kv(k, v, out_loc, 0)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    _warm(device, run)
+    benchmark.group = f"store_kv-{device}"
+    benchmark.extra_info.update(tokens=tokens)
+    benchmark(run)
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.parametrize("bs", [1, 64])
+def test_graph_vs_eager(benchmark, cuda_engine: Engine, bs: int, mode: str) -> None:
+    """The same decode step of the same engine, replayed from a CUDA graph or run eagerly."""
+    if not graphs_captured(cuda_engine):
+        pytest.skip("the engine captured no CUDA graphs")
+    step = DecodeStep(cuda_engine, bs, DECODE_CONTEXT["cuda"])
+
+    def run() -> None:
+        with graphs(cuda_engine, mode == "graph"):
+            step.step()
+
+    with graphs(cuda_engine, mode == "graph"):
+        assert cuda_engine.graph_runner.can_use_graph(Batch(step.reqs, "decode")) == (mode == "graph")
+    run()
+    benchmark.group = f"graph-vs-eager-bs{bs}"
+    benchmark.extra_info.update(bs=bs, mode=mode)
+    benchmark(run)
