@@ -41,9 +41,8 @@ MODEL_ROWS = 3
 
 SAMPLING_SYNTHETIC = StatPlan(examples(1.0), 2 * SYNTHETIC_ROWS)
 SAMPLING_MODEL = StatPlan(examples(0.4), 2 * MODEL_ROWS)
-SAMPLING_SMOLLM2 = StatPlan(examples(0.1), 2 * MODEL_ROWS)
 SEEDED_DISTINCT = StatPlan(examples(0.4), 1)  # identical draws from two seeds, at most once per example
 
-_PLANS = (SAMPLING_SYNTHETIC, SAMPLING_MODEL, SAMPLING_SMOLLM2, SEEDED_DISTINCT)
+_PLANS = (SAMPLING_SYNTHETIC, SAMPLING_MODEL, SEEDED_DISTINCT)
 STAT_ALPHA = AlphaBudget(tests=sum(p.examples * p.checks_per_example for p in _PLANS), total=PROPERTIES_ALPHA).per_test
 """α of each statistical check in properties/ under the active profile."""

@@ -1,4 +1,5 @@
-"""Assertion logic shared by the properties and the verify report: logit tolerances and greedy comparison.
+"""Assertion logic shared by the properties and the verify report: logit tolerances, greedy comparison, and
+sampled token counts against the reference sampler.
 
 Logit tolerance, per engine dtype, against a float64 reference: ``max |engine - ref| <= rel * max(1, max |ref|)``.
 The bound scales with the row's largest logit because rounding error does (a matmul's error is relative to the
@@ -23,6 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from engine import SamplingParams
+from oracle.sampler import reference_distribution
+from oracle.stats import chi_square_gof, support_check
 
 
 @dataclass(frozen=True)
@@ -150,3 +155,28 @@ def check_forced_greedy(
                 f"below {limit:.3g}); tokens {list(tokens)}"
             )
     return None
+
+
+def check_sample_counts(
+    counts: torch.Tensor, logits_row: torch.Tensor, params: SamplingParams, alpha: float
+) -> list[str]:
+    """Failures of tokens drawn (as per-token counts) from one logits row with params; [] if none.
+
+    Greedy rows (temperature 0 or top_k 1) must always take a maximal logit. Sampled rows must pass the support
+    check and the chi-square goodness-of-fit test against oracle.sampler's exact HF-order distribution, each at
+    level alpha; tokens whose keep/drop decision is ambiguous in fp32 are excluded from both.
+    """
+    n = int(counts.sum())
+    if params.is_greedy:
+        drawn = counts.nonzero().flatten()
+        off = [int(t) for t in drawn if logits_row[t] != logits_row.max()]
+        return [f"greedy row drew non-argmax tokens {off} (argmax {int(logits_row.argmax())})"] if off else []
+    ref = reference_distribution(logits_row, params)
+    failures = []
+    support = support_check(counts, ref.probs, n, alpha, ref.ambiguous)
+    if not support.passed:
+        failures.append(support.message())
+    chi = chi_square_gof(counts, ref.probs, alpha, exclude=ref.ambiguous)
+    if not chi.passed:
+        failures.append(chi.message())
+    return failures

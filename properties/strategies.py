@@ -46,9 +46,11 @@ def temperatures(greedy_allowed: bool = True) -> st.SearchStrategy[float]:
     return st.one_of(st.sampled_from(edges), st.floats(0.05, 5.0))
 
 
-def top_ks(vocab_size: int) -> st.SearchStrategy[int]:
-    """-1 (off), 1 (greedy), 2, vocab and beyond (no-ops), or anything in between."""
-    return st.one_of(st.sampled_from((-1, 1, 2, vocab_size, vocab_size + 1)), st.integers(1, vocab_size))
+def top_ks(vocab_size: int, greedy_allowed: bool = True) -> st.SearchStrategy[int]:
+    """-1 (off), 1 (greedy, unless greedy_allowed is False), 2, vocab and beyond (no-ops), or anything between."""
+    low = 1 if greedy_allowed else 2
+    edges = [k for k in (-1, 1, 2, vocab_size, vocab_size + 1) if k == -1 or k >= low]
+    return st.one_of(st.sampled_from(edges), st.integers(low, max(low, vocab_size)))
 
 
 def top_ps() -> st.SearchStrategy[float]:
@@ -80,7 +82,7 @@ def sampling_params(
         temperature, top_k = 0.0, -1
     else:
         temperature = draw(temperatures(greedy_allowed=greedy is None))
-        top_k = draw(top_ks(vocab_size).filter(lambda k: k != 1) if greedy is False else top_ks(vocab_size))
+        top_k = draw(top_ks(vocab_size, greedy_allowed=greedy is None))
     seed_strategy = {True: seeds, False: st.none(), None: st.none() | seeds}[seeded]
     return SamplingParams(
         temperature=temperature,

@@ -1,0 +1,109 @@
+"""Property 7: the engine samples from exactly the distribution HF's logits processors define.
+
+Mixed batches (greedy and sampled rows, each with its own temperature / top-k / top-p / min-p, seeded or not) are
+sampled many times. For every sampled row the observed token counts must pass oracle.stats' support check and
+chi-square goodness-of-fit test against oracle.sampler's float64 reference distribution (HF order: temperature,
+top-k, top-p on the renormalized result, min-p); tokens whose keep/drop decision lies within fp32 rounding of a
+threshold (the reference's ambiguous mask) are left out of both. Greedy rows (temperature 0 or top_k 1) must draw
+a maximal logit every time.
+
+α: every check runs at properties.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
+every statistical check the active profile can run (about 1.8e-6 per check under `ci`).
+
+Sample sizes (power from oracle.stats.power at α = 1.8e-6):
+
+* synthetic logits, N_SYNTHETIC = 8000 draws per row, vocab 2..24 (df <= 23): power >= 0.9 against an effect of
+  Cohen's w = 0.1 for df <= 15, and >= 0.99 against w = 0.15 for every df here.
+* tiny-model logits (vocab 512), N_MODEL = 4000 draws per row. The effective df is the number of tokens with
+  expected count >= 5 (bins below are pooled): small for peaked rows (power >= 0.9 against w = 0.15 for df <= 10),
+  up to a few hundred for hot ones, where only gross errors show (a dropped or added token of real mass, a wrong
+  filter order); the synthetic test carries the fine-grained power.
+
+SmolLM2 is not sampled here: one draw of a 49152-token row costs ~30 ms on the CI CPU (two full sorts), so a
+budget of seconds buys too few draws for a test with power, and the sampler's code path does not depend on the
+model or the vocabulary size (the synthetic and tiny-model tests cover it).
+
+Synthetic rows go straight to engine.sample.Sampler: all N copies of the batch are sampled in one call, seeded rows
+getting seed + copy index so their draws are independent too. Model rows come from one real prefill through the
+engine (forward_batch); its own sampler then draws N times from those logits with the batch's own sampling args.
+The reference is computed from the engine's logits: this property is about sampling, prefill accuracy is
+property 2's. Seeded rows of a model batch must repeat their token on every draw (same seed, same position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import Batch, Engine, Req, SamplingParams
+from engine.sample import Sampler
+from properties.budget import (
+    MODEL_ROWS,
+    SAMPLING_MODEL,
+    SAMPLING_SYNTHETIC,
+    STAT_ALPHA,
+    SYNTHETIC_ROWS,
+)
+from properties.checks import check_sample_counts
+from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
+from properties.strategies import RequestSpec, batches, logits_batches, sampling_params, seeds
+
+N_SYNTHETIC = 8000
+N_MODEL = 4000
+
+
+def assert_rows_follow_reference(draws: torch.Tensor, logits: torch.Tensor, params: list[SamplingParams]) -> None:
+    """draws: [N, rows] tokens; every row checked with check_sample_counts at STAT_ALPHA."""
+    vocab = logits.shape[1]
+    for row, p in enumerate(params):
+        counts = torch.bincount(draws[:, row].long(), minlength=vocab)
+        failures = check_sample_counts(counts, logits[row], p, STAT_ALPHA)
+        assert not failures, f"row {row} of {len(params)}, {p}:\n" + "\n".join(failures)
+
+
+@settings(max_examples=SAMPLING_SYNTHETIC.examples)
+@given(data=st.data())
+def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject) -> None:
+    vocab = data.draw(st.integers(2, 24), label="vocab")
+    logits = data.draw(logits_batches(vocab, SYNTHETIC_ROWS), label="logits")
+    params = [
+        data.draw(sampling_params(vocab, max_tokens=st.just(1)), label=f"params[{r}]") for r in range(len(logits))
+    ]
+    sampler = Sampler(torch.device("cpu"), vocab, seed=data.draw(seeds, label="sampler_seed"))
+    one_token = torch.zeros(1, dtype=torch.int32)
+    reqs = [
+        Req(one_token, r, 0, 1, r, p if p.seed is None else replace(p, seed=(p.seed + copy) % 2**63))
+        for copy in range(N_SYNTHETIC)
+        for r, p in enumerate(params)
+    ]
+    tokens = sampler.sample(logits.repeat(N_SYNTHETIC, 1), sampler.prepare(Batch(reqs, "decode")))
+    assert_rows_follow_reference(tokens.view(N_SYNTHETIC, len(params)), logits, params)
+
+
+def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler_seed: int) -> None:
+    reqs = [place(engine, s.prompt, 0, row, s.params) for row, s in enumerate(specs)]
+    engine.sampler.generator.manual_seed(sampler_seed)
+    batch, args = engine.prepare_batch(reqs, "prefill")
+    out = engine.forward_batch(batch, args)
+    draws = torch.stack([out.next_tokens_cpu, *(engine.sampler.sample(out.logits, args) for _ in range(n - 1))])
+    params = [s.params for s in specs]
+    for row, p in enumerate(params):
+        if p.seed is not None and not p.is_greedy:
+            assert bool((draws[:, row] == draws[0, row]).all()), f"seeded row {row} ({p}) changed its token"
+    unseeded = [row for row, p in enumerate(params) if p.seed is None or p.is_greedy]
+    assert_rows_follow_reference(draws[:, unseeded], out.logits[unseeded], [params[r] for r in unseeded])
+
+
+@settings(max_examples=SAMPLING_MODEL.examples)
+@given(data=st.data())
+def test_sampler_matches_reference_on_tiny_model_logits(
+    data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
+) -> None:
+    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    one_token = sampling_params(TINY_VOCAB, max_tokens=st.just(1))
+    specs = data.draw(batches(TINY_VOCAB, MODEL_ROWS, 32, params=one_token), label="requests")
+    sample_model_batch(engines.get(tiny_models[arch]), specs, N_MODEL, data.draw(seeds, label="sampler_seed"))
