@@ -81,6 +81,7 @@ class GraphRunner:
         backend.init_capture_graph(max_seq_len, self.bs_list)
         self._backend = backend
         pool = None
+        stream.wait_stream(torch.cuda.current_stream(device))  # the weights, KV pool and page table are set up there
         with torch.cuda.stream(stream):
             for bs in reversed(self.bs_list):
                 batch = Batch([self.dummy_req] * bs, "decode")

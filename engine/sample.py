@@ -9,6 +9,10 @@ Drawing uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) picks tok
 A request with a seed draws its noise from its own generator, seeded by (seed, position), so its tokens
 do not depend on the batch it is in.
 
+On CUDA with FlashInfer installed, rows draw with FlashInfer's rejection-sampling kernels instead (see
+flashinfer_draw); batches with a seeded request keep the torch path, whose per-request generators make seeded
+tokens independent of the batch (FlashInfer's Philox stream depends on the row's position in the batch).
+
 Rows with nothing to sample (NaN or +inf logits, every logit -inf, or logits / temperature past float32) raise
 NonFiniteLogitsError naming them, before any noise is drawn: the engine's generator is untouched, so the other
 rows, run again without the bad ones, get the same tokens as before. No row ever gets a made-up token.
@@ -16,14 +20,19 @@ rows, run again without the bad ones, get the same tokens as before. No row ever
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .core import Batch, Req
-from .errors import InvalidRequestError, NonFiniteLogitsError
+from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
+# Philox offset advance per FlashInfer draw: each rejection round takes one number of the row's stream, so
+# consecutive draws never reuse numbers unless a draw needs over a million rounds.
+_PHILOX_STRIDE = 1 << 20
 
 
 @dataclass
@@ -43,7 +52,10 @@ def step_seed(seed: int, position: int) -> int:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, vocab_size: int, seed: int | None = None) -> None:
+    def __init__(
+        self, device: torch.device, vocab_size: int, seed: int | None = None, use_flashinfer: bool | None = None
+    ) -> None:
+        """use_flashinfer: None picks it on CUDA when the package is installed; True requires it."""
         self.device = device
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
@@ -51,6 +63,18 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        usable = device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+        if use_flashinfer and not usable:
+            raise ConfigError("FlashInfer sampling needs a CUDA device and the flashinfer package (see docs/gpu.md)")
+        self.use_flashinfer = usable if use_flashinfer is None else use_flashinfer
+        if self.use_flashinfer:
+            import flashinfer.sampling
+
+            self._fi = flashinfer.sampling
+            # Seed and offset live on the device and every draw advances the offset there, so a captured graph
+            # draws fresh numbers at each replay instead of replaying the ones baked in at capture.
+            self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
+            self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         reqs: list[Req] = batch.reqs
@@ -58,8 +82,11 @@ class Sampler:
         greedy = [p.is_greedy for p in params]
         all_greedy = all(greedy)
 
-        def to_dev(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+        def to_dev(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+            host = torch.tensor(values, dtype=dtype)
+            if self.device.type == "cuda":
+                host = host.pin_memory()  # a non_blocking copy is only asynchronous from pinned memory
+            return host.to(self.device, non_blocking=True)
 
         use_k = any(p.top_k != -1 for p, g in zip(params, greedy) if not g)
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
@@ -95,10 +122,43 @@ class Sampler:
         if args.all_greedy:
             self._check_rows(bad, args, logits)
             return argmax.to(torch.int32)
-        probs = self.filtered_probs(logits, args)
-        self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
-        sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
+        if self.use_flashinfer and all(seed is None for seed in args.row_seeds):
+            # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
+            probs = (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
+            self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
+            sampled = self.flashinfer_draw(probs, args)
+        else:
+            probs = self.filtered_probs(logits, args)
+            self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
+            sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
         return torch.where(args.greedy, argmax, sampled).to(torch.int32)
+
+    def flashinfer_draw(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """One token per row of probs (softmax of logits / temperature) under top-k, top-p, min-p; no host sync.
+
+        top_k_top_p_sampling_from_probs with filter_apply_order="top_k_first" is HF's top-k then top-p on the
+        renormalized result. Min-p comes last in HF, but top-p and min-p each keep a prefix of the descending
+        order, so min-p can go first: masking it and renormalizing by the kept mass Z leaves the mass above every
+        kept token unchanged up to the factor 1/Z, hence top-p with threshold top_p / Z keeps the same tokens.
+        Top-k goes before that, since min-p's mass is taken after top-k's renormalization.
+        """
+        bs = probs.shape[0]
+        full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
+        # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
+        top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
+        top_p = torch.ones(bs, dtype=torch.float32, device=probs.device) if args.top_p is None else args.top_p
+        if args.min_p is not None:
+            probs = self._fi.top_k_renorm_probs(probs, top_k)
+            top_k = full_k
+            kept = probs * (probs >= args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True))
+            mass = kept.sum(dim=-1)
+            probs = kept / mass.unsqueeze(1)
+            top_p = top_p / mass
+        samples = self._fi.top_k_top_p_sampling_from_probs(
+            probs, top_k, top_p, filter_apply_order="top_k_first", seed=self.philox_seed, offset=self.philox_offset
+        )
+        self.philox_offset.add_(_PHILOX_STRIDE)
+        return samples
 
     @staticmethod
     def _check_rows(bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:

@@ -89,9 +89,16 @@ def build_paged_kv_index(reqs: Sequence[Req], page_size: int, row_width: int) ->
     )
 
 
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host to device; from pinned memory on CUDA, so the copy is asynchronous."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def kv_page_ids(page_table: torch.Tensor, page_starts: torch.Tensor, page_size: int) -> torch.Tensor:
     """int32 page ids, on the page table's device: the slot at each page start divided by page_size."""
-    starts = page_starts.to(page_table.device, non_blocking=True)
+    starts = upload(page_starts, page_table.device)
     return torch.div(page_table.view(-1)[starts], page_size, rounding_mode="floor").to(torch.int32)
 
 
@@ -148,7 +155,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         index = build_paged_kv_index(batch.padded_reqs, self.page_size, self.page_table.shape[1])
         kv_indices = kv_page_ids(self.page_table, index.page_starts, self.page_size)
-        last = (index.qo_indptr[1:] - 1).to(torch.int64).to(self.device, non_blocking=True)
+        last = upload((index.qo_indptr[1:] - 1).to(torch.int64), self.device)
         batch.attn_metadata = FlashInferMetadata(index, kv_indices, last)
 
     def _plan(self, wrapper: Any, meta: FlashInferMetadata, is_decode: bool) -> None:

@@ -1,0 +1,117 @@
+"""What the GPU tests share: skip markers, tiny models FlashInfer can serve, and engine settings.
+
+Every GPU test carries ``gpu`` (selected by ``pytest -m gpu``) and a skip condition, so it skips cleanly on a
+machine without CUDA (or without flashinfer, where it needs it).
+
+The zoo's tiny models have head_dim 16, below FlashInfer's smallest kernel (64). These are the same tiny
+architectures and init with head_dim 64, plus a Llama with 6 query heads per 2 KV heads: a GQA group of 3, which
+(like SmolLM2's 9/3) is not a power of two and takes the tensor-core decode path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.attention.flashinfer_backend import flashinfer_installed
+from engine.driver import Generation, PageLayout, StaticDriver
+from oracle.hf import HFOracle
+from properties.checks import assert_logits_close, check_forced_greedy, logit_tolerance
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_FLASHINFER = HAS_CUDA and flashinfer_installed()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+requires_flashinfer = pytest.mark.skipif(not HAS_FLASHINFER, reason="needs a CUDA GPU and flashinfer (see docs/gpu.md)")
+needs_cuda = [pytest.mark.gpu, requires_cuda]  # module-level pytestmark
+needs_flashinfer = [pytest.mark.gpu, requires_flashinfer]
+
+# name -> (zoo architecture, query heads, kv heads)
+WIDE_SPECS = {"qwen3": ("qwen3", 4, 2), "qwen2": ("qwen2", 4, 2), "llama": ("llama", 4, 2), "gqa3": ("llama", 6, 2)}
+WIDE_HEAD_DIM = 64
+WIDE_SEED = 4004
+
+
+def build_wide_model(name: str, out: Path) -> Path:
+    """A tiny random model of WIDE_SPECS[name] with head_dim 64, saved (fp32) to `out` (reused if present)."""
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM
+
+    from oracle.zoo import _reinit_weights, tiny_config
+
+    arch, heads, kv_heads = WIDE_SPECS[name]
+    config = tiny_config(arch)
+    config.num_attention_heads = heads
+    config.num_key_value_heads = kv_heads
+    config.head_dim = WIDE_HEAD_DIM
+    config.hidden_size = heads * WIDE_HEAD_DIM  # consistent whichever way a loader derives head_dim
+    config.intermediate_size = 2 * config.hidden_size
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(WIDE_SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _reinit_weights(model, torch.Generator().manual_seed(WIDE_SEED))
+    model.eval().save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def gpu_engine(model: Path, **overrides: Any) -> Engine:
+    """A bf16 CUDA engine with a small fixed pool; keyword arguments override EngineConfig fields."""
+    settings: dict[str, Any] = {
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "num_page_override": 512,
+        "max_running_req": 8,
+        "max_seq_len_override": 256,
+    }
+    settings.update(overrides)
+    return Engine(EngineConfig(str(model), **settings), sampler_seed=0)
+
+
+def random_prompt(seed: int, length: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def generate(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: Sequence[int] | int,
+    layout: PageLayout | None = None,
+    chunks: Sequence[Sequence[int]] | None = None,
+) -> list[Generation]:
+    """Greedy generations (EOS ignored) with their logits rows; all requests are admitted together."""
+    counts = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    driver = StaticDriver(engine, layout, record_logits=True)
+    uids = [
+        driver.add(prompt, SamplingParams(max_tokens=n, ignore_eos=True), chunk_sizes=tuple(ch))
+        for prompt, n, ch in zip(prompts, counts, chunks or [()] * len(prompts))
+    ]
+    driver.run()
+    return [driver.result(uid) for uid in uids]
+
+
+_ORACLES: dict[tuple[str, torch.dtype, str], HFOracle] = {}
+
+
+def hf_oracle(model: Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> HFOracle:
+    key = (str(model), dtype, device)
+    if key not in _ORACLES:
+        _ORACLES[key] = HFOracle(model, dtype=dtype, device=device)
+    return _ORACLES[key]
+
+
+def check_against_hf64(model: Path, gen: Generation, what: str) -> float:
+    """The engine's bf16 greedy run against HF in float64 teacher-forced on the same tokens: every logits row
+    within the harness's bf16 tolerance, every token its argmax up to a near-tie. Returns the largest error."""
+    tol = logit_tolerance(torch.bfloat16)
+    prompt, out = list(gen.prompt_ids), list(gen.output_ids)
+    forced = hf_oracle(model).teacher_forced_logits(prompt + out)[len(prompt) - 1 : len(prompt) - 1 + len(out)]
+    errors = [assert_logits_close(ours, ref, tol, f"{what} token {i}") for i, (ours, ref) in
+              enumerate(zip(gen.logits, forced))]
+    failure = check_forced_greedy(out, gen.logits, forced, tol)
+    assert failure is None, f"{what}: {failure}"
+    return max(errors)

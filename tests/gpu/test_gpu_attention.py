@@ -1,0 +1,71 @@
+"""FlashInfer attention against the torch backend and against HF in float64, for page sizes 1, 4 and 16.
+
+Tolerance: the harness's bf16 bound, max |Δlogit| <= 0.06 * max(1, max |reference logit|) (properties/checks.py).
+Against the torch backend both sides are bf16, so the bound covers two roundings of the same math; the measured
+worst error is recorded as a junit property (max_logit_diff_*). Greedy tokens must agree except at a near-tie of
+the reference (the harness's rule), after which the sequences are no longer comparable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_support import check_against_hf64, generate, gpu_engine, needs_flashinfer, random_prompt
+
+from engine.driver import Generation, PageLayout
+from properties.checks import assert_logits_close, compare_greedy, logit_tolerance
+
+pytestmark = needs_flashinfer
+
+TOL = logit_tolerance(torch.bfloat16)
+# Lengths around page boundaries of 4 and 16; two prompts prefill in chunks, i.e. extend over a cached prefix.
+PROMPT_LENS = (1, 5, 16, 17, 40)
+CHUNKS = ((), (), (), (9, 8), (7, 20, 13))
+
+
+def assert_runs_match(ours: list[Generation], ref: list[Generation], what: str) -> float:
+    """Tokens equal up to a near-tie of ref, logits rows within TOL while both saw the same tokens; returns the
+    largest logit difference."""
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        cmp = compare_greedy(a.output_ids, a.logits, b.output_ids, b.logits, TOL)
+        assert cmp.ok, f"{what}, request {i}: {cmp.failure}"
+        upto = len(a.output_ids) if cmp.mismatch_at is None else cmp.mismatch_at + 1
+        for j in range(upto):
+            worst = max(worst, assert_logits_close(a.logits[j], b.logits[j], TOL, f"{what}, request {i} token {j}"))
+    return worst
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    return [random_prompt(100 + i, n, vocab) for i, n in enumerate(PROMPT_LENS)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_flashinfer_matches_torch_backend(
+    wide_model: Path, page_size: int, record_property: pytest.RecordProperty
+) -> None:
+    layout = PageLayout("shuffled", seed=page_size)
+    runs = {}
+    for backend in ("flashinfer", "torch"):
+        engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, cuda_graph_bs=[])
+        assert engine.attn_backend.name == backend
+        runs[backend] = generate(engine, _prompts(engine.model_config.vocab_size), 12, layout, CHUNKS)
+        engine.shutdown()
+    worst = assert_runs_match(runs["flashinfer"], runs["torch"], f"{wide_model.name} page_size={page_size}")
+    record_property(f"max_logit_diff_flashinfer_vs_torch_{wide_model.name}_ps{page_size}", round(worst, 5))
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("kind", ["shuffled", "interleaved"])
+def test_flashinfer_page_sweep_matches_hf64(
+    wide_model: Path, page_size: int, kind: str, record_property: pytest.RecordProperty
+) -> None:
+    """The default engine (FlashInfer with CUDA graphs) on scattered pages, checked token by token against HF."""
+    engine = gpu_engine(wide_model, page_size=page_size)
+    assert engine.attn_backend.name == "flashinfer" and engine.graph_runner.enabled
+    gens = generate(engine, _prompts(engine.model_config.vocab_size), 10, PageLayout(kind, seed=7), CHUNKS)
+    engine.shutdown()
+    worst = max(check_against_hf64(wide_model, g, f"{wide_model.name} {kind} page_size={page_size}") for g in gens)
+    record_property(f"max_logit_err_vs_hf64_{wide_model.name}_{kind}_ps{page_size}", round(worst, 5))

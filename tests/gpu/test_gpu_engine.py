@@ -1,0 +1,69 @@
+"""The engine on CUDA: device and backend selection, its own stream, pinned async copies, a real CUDA event, and
+KV planning from torch.cuda.mem_get_info."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
+
+from engine import Engine, EngineConfig, Req, SamplingParams
+from engine.kvcache import KVCachePool
+
+pytestmark = needs_cuda
+
+
+def test_auto_picks_cuda_bf16_and_the_right_backend(tiny_models: dict[str, Path], wide_models: dict[str, Path]) -> None:
+    # The zoo's tiny models have head_dim 16, below FlashInfer's kernels: auto falls back to torch on CUDA.
+    tiny = Engine(EngineConfig(str(tiny_models["llama"]), num_page_override=16, max_running_req=2))
+    assert tiny.device.torch_device == torch.device("cuda", 0) and tiny.dtype == torch.bfloat16
+    assert tiny.attn_backend.name == "torch" and not tiny.graph_runner.enabled
+    tiny.shutdown()
+    wide = Engine(EngineConfig(str(wide_models["llama"]), num_page_override=16, max_running_req=2))
+    expected = "flashinfer" if HAS_FLASHINFER else "torch"
+    assert wide.attn_backend.name == expected and wide.graph_runner.enabled == HAS_FLASHINFER
+    wide.shutdown()
+
+
+def test_forward_runs_on_its_own_stream_with_a_real_event(wide_models: dict[str, Path]) -> None:
+    engine = gpu_engine(wide_models["qwen3"])
+    stream = engine.device.stream
+    assert isinstance(stream, torch.cuda.Stream) and stream != torch.cuda.default_stream()
+    prompt = torch.tensor(random_prompt(1, 9, 512), dtype=torch.int32)
+    req = Req(prompt, 0, 0, 2, 0, SamplingParams(max_tokens=2))
+    engine.page_table[0, :11] = torch.arange(11, dtype=torch.int32, device="cuda")
+    out = engine.forward_batch(*engine.prepare_batch([req], "prefill"))
+    assert isinstance(out.copy_done_event, torch.cuda.Event)
+    assert out.next_tokens_cpu.is_pinned() and out.next_tokens_gpu.is_cuda
+    out.copy_done_event.synchronize()
+    assert out.copy_done_event.query()
+    assert int(out.next_tokens_cpu[0]) == int(out.next_tokens_gpu[0]) == int(out.logits[0].argmax())
+    engine.shutdown()
+
+
+def test_kv_pool_is_planned_from_free_device_memory(wide_models: dict[str, Path]) -> None:
+    free_before, _ = torch.cuda.mem_get_info()
+    ratio = 0.02
+    engine = gpu_engine(wide_models["llama"], num_page_override=None, memory_ratio=ratio, page_size=16)
+    cfg = engine.model_config
+    per_page = KVCachePool.bytes_per_page(cfg.num_layers, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    pool = engine.num_pages * per_page
+    # The engine measures free memory itself, after this test's measurement: it can only have seen less.
+    assert pool <= ratio * free_before
+    assert pool >= 0.5 * ratio * free_before, f"{engine.num_pages} pages use far less than {ratio:.0%} of free memory"
+    engine.shutdown()
+
+
+def test_the_torch_backend_serves_cuda_too(wide_models: dict[str, Path]) -> None:
+    """The fallback and reference backend: forced on a model FlashInfer could serve, in float16 as well."""
+    engine = gpu_engine(wide_models["qwen2"], attention_backend="torch", dtype="float16")
+    assert engine.attn_backend.name == "torch" and engine.kv_cache.buffer.dtype == torch.float16
+    assert not engine.graph_runner.enabled  # the torch backend cannot be captured
+    prompt = random_prompt(2, 5, 512)
+    engine.page_table[0, :6] = torch.arange(6, dtype=torch.int32, device="cuda")
+    out = engine.forward_batch(*engine.prepare_batch([Req(torch.tensor(prompt, dtype=torch.int32), 0, 0, 1, 0,
+                                                          SamplingParams())], "prefill"))
+    out.copy_done_event.synchronize()
+    assert torch.isfinite(out.logits).all()
+    engine.shutdown()

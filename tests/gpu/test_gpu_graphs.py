@@ -1,0 +1,167 @@
+"""CUDA graphs: replay equals eager (batch sizes between captured ones too), padded rows are inert, a replay that
+skips an input copy is caught, and shutdown destroys the graphs.
+
+Graph and eager runs are both FlashInfer bf16 and differ only in padding and the decode plan, so they are held to
+the same bound as FlashInfer vs torch (test_gpu_attention.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_support import generate, gpu_engine, needs_flashinfer, random_prompt
+from test_gpu_attention import assert_runs_match
+
+from engine import Batch, Engine, Req, SamplingParams
+from engine.driver import Generation, PageLayout
+
+pytestmark = needs_flashinfer
+
+GRAPH_BS = [1, 2, 4, 8]
+SENTINEL = 3.0  # written into every free KV slot: real K/V never equals it exactly
+
+
+def _count_replays(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Record (batch size, padded size) of every replay."""
+    seen: list[tuple[int, int]] = []
+    replay = engine.graph_runner.replay
+
+    def spy(batch: Batch) -> torch.Tensor:
+        seen.append((batch.size, batch.padded_size))
+        return replay(batch)
+
+    monkeypatch.setattr(engine.graph_runner, "replay", spy)
+    return seen
+
+
+def _shrinking_batches(engine: Engine, layout: PageLayout) -> list[Generation]:
+    """8 requests admitted together, finishing one per step: decode batches of 8, 7, ..., 1."""
+    vocab = engine.model_config.vocab_size
+    prompts = [random_prompt(200 + i, 3 + 5 * i, vocab) for i in range(8)]
+    return generate(engine, prompts, [2 + i for i in range(8)], layout)
+
+
+@pytest.mark.parametrize("name", ["llama", "gqa3"])  # CUDA-core and tensor-core decode
+def test_graph_replay_matches_eager(
+    wide_models: dict[str, Path], name: str, monkeypatch: pytest.MonkeyPatch, record_property: pytest.RecordProperty
+) -> None:
+    layout = PageLayout("shuffled", seed=3)
+    graph_engine = gpu_engine(wide_models[name], page_size=4, cuda_graph_bs=GRAPH_BS)
+    assert sorted(graph_engine.graph_runner.graphs) == GRAPH_BS
+    replays = _count_replays(graph_engine, monkeypatch)
+    graphed = _shrinking_batches(graph_engine, layout)
+    graph_engine.shutdown()
+    eager_engine = gpu_engine(wide_models[name], page_size=4, cuda_graph_bs=[])
+    assert not eager_engine.graph_runner.enabled
+    eager = _shrinking_batches(eager_engine, layout)
+    eager_engine.shutdown()
+    assert {size for size, _ in replays} == set(range(1, 9)), replays
+    assert {(3, 4), (5, 8), (6, 8), (7, 8)} <= set(replays), "sizes between captured ones must be padded up"
+    worst = assert_runs_match(graphed, eager, f"{name}: graph vs eager")
+    record_property(f"max_logit_diff_graph_vs_eager_{name}", round(worst, 5))
+
+
+def _map_pages(engine: Engine, req: Req, pages: list[int], length: int) -> list[int]:
+    """Write the slots of `pages` into req's page-table row for positions [0, length); returns the pages used."""
+    size = engine.config.page_size
+    used = pages[: -(-length // size)]
+    slots = (torch.tensor(used)[:, None] * size + torch.arange(size)).flatten()[:length]
+    engine.page_table[req.table_idx, :length] = slots.to(torch.int32).to(engine.page_table.device)
+    return used
+
+
+def _padded_step(engine: Engine, poison_dummy: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Prefill 4 requests, then decode 3 of them in one step (padded to 4 on a graph engine).
+
+    Returns the decode logits and slot masks: which slots changed in the step, the real requests' write slots,
+    every slot of the 4th request (not in the batch), and the dummy page's slots.
+    """
+    vocab, size = engine.model_config.vocab_size, engine.config.page_size
+    order = torch.randperm(engine.num_pages, generator=torch.Generator().manual_seed(11)).tolist()
+    reqs, owned = [], []
+    for i in range(4):
+        prompt = torch.tensor(random_prompt(300 + i, 6 + 3 * i, vocab), dtype=torch.int32)
+        req = Req(prompt, i, 0, 4, i, SamplingParams(max_tokens=4, ignore_eos=True))
+        owned.append(_map_pages(engine, req, order[8 * i : 8 * i + 8], len(prompt) + 4))
+        reqs.append(req)
+    out = engine.forward_batch(*engine.prepare_batch(reqs, "prefill"))
+    out.copy_done_event.synchronize()
+    for req, token in zip(reqs, out.next_tokens_cpu):
+        req.append_host(token)
+    kv = engine.kv_cache.buffer
+    slot_owner = torch.zeros(engine.kv_cache.num_slots, dtype=torch.bool)
+    for pages in owned:
+        for page in pages:
+            slot_owner[page * size : (page + 1) * size] = True
+    dummy = torch.zeros_like(slot_owner)
+    dummy[engine.kv_cache.dummy_page * size :] = True
+    flat = kv.view(2, kv.shape[1], -1, *kv.shape[-2:])  # [2, layers, slots, heads, dim]
+    flat[:, :, (~slot_owner & ~dummy).to(kv.device)] = SENTINEL
+    if poison_dummy:  # padded rows read only the dummy page; garbage there must not reach real rows
+        flat[:, :, dummy.to(kv.device)] = 1e4
+    before = kv.clone()
+    batch, args = engine.prepare_batch(reqs[:3], "decode")
+    write_slots = torch.zeros_like(slot_owner)
+    write_slots[batch.out_loc[: batch.size].long().cpu()] = True
+    out = engine.forward_batch(batch, args)
+    out.copy_done_event.synchronize()
+    changed = (kv != before).view(2, kv.shape[1], -1, kv.shape[-2] * kv.shape[-1]).any(-1).any(1).any(0).cpu()
+    fourth = torch.zeros_like(slot_owner)
+    for page in owned[3]:
+        fourth[page * size : (page + 1) * size] = True
+    padded = batch.padded_size
+    return out.logits.float().cpu(), {"changed": changed, "writes": write_slots, "fourth": fourth, "dummy": dummy,
+                                      "padded": torch.tensor(padded)}
+
+
+def test_padded_rows_are_inert(wide_models: dict[str, Path], record_property: pytest.RecordProperty) -> None:
+    model = wide_models["llama"]
+    graph_engine = gpu_engine(model, page_size=4, cuda_graph_bs=GRAPH_BS)
+    logits, masks = _padded_step(graph_engine, poison_dummy=True)
+    graph_engine.shutdown()
+    assert int(masks["padded"]) == 4, "3 requests should pad to the captured size 4"
+    changed = masks["changed"]
+    stray = changed & ~masks["writes"] & ~masks["dummy"]
+    assert not stray.any(), f"slots {stray.nonzero().flatten().tolist()[:10]} changed outside the batch's writes"
+    assert (changed & masks["writes"]).sum() == 3, "each real request writes its one new slot"
+    assert not (changed & masks["fourth"]).any(), "the request outside the batch lost KV"
+    eager_engine = gpu_engine(model, page_size=4, cuda_graph_bs=[])
+    eager_logits, eager_masks = _padded_step(eager_engine, poison_dummy=False)
+    eager_engine.shutdown()
+    assert int(eager_masks["padded"]) == 3
+    err = float((logits - eager_logits).abs().max())
+    bound = 0.06 * max(1.0, float(eager_logits.abs().max()))
+    assert err <= bound, f"real rows next to padded ones differ from eager by {err:.3g} (bound {bound:.3g})"
+    record_property("max_logit_diff_padded_vs_eager", round(err, 5))
+
+
+def test_replay_that_skips_the_positions_copy_is_caught(
+    wide_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, record_property: pytest.RecordProperty
+) -> None:
+    """A mutant runner that never copies positions reuses the capture's zeros: the comparison must fail."""
+    model = wide_models["llama"]
+    vocab = 512
+    prompts = [random_prompt(400 + i, 20 + 3 * i, vocab) for i in range(3)]
+    runs = {}
+    for label, graphs in (("eager", []), ("graph", GRAPH_BS), ("mutant", GRAPH_BS)):
+        engine = gpu_engine(model, cuda_graph_bs=graphs)
+        if label == "mutant":
+            kept = tuple(name for name in engine.graph_runner.static_inputs if name != "positions")
+            monkeypatch.setattr(engine.graph_runner, "static_inputs", kept)
+        runs[label] = generate(engine, prompts, 6)
+        engine.shutdown()
+    assert_runs_match(runs["graph"], runs["eager"], "graph vs eager")
+    with pytest.raises(AssertionError):
+        assert_runs_match(runs["mutant"], runs["eager"], "mutant vs eager")
+    deviation = max(float((m.logits[1] - e.logits[1]).abs().max()) for m, e in zip(runs["mutant"], runs["eager"]))
+    record_property("mutant_first_decode_logit_deviation", round(deviation, 4))
+
+
+def test_shutdown_destroys_graphs(wide_models: dict[str, Path]) -> None:
+    engine = gpu_engine(wide_models["qwen3"], cuda_graph_bs=[1, 2])
+    assert sorted(engine.graph_runner.graphs) == [1, 2]
+    engine.shutdown()
+    assert engine.graph_runner.graphs == {} and engine.graph_runner.buffers == {}
+    engine.shutdown()  # idempotent
