@@ -48,7 +48,15 @@ class BatchSamplingArgs:
 
 
 def step_seed(seed: int, position: int) -> int:
-    return (seed * _SEED_MIX + position) % (2**63)
+    """A generator seed for one (request seed, position), every bit mixed (splitmix64's finalizer).
+
+    torch's CPU generator keeps only the low 32 bits of its seed, so those must depend on all 64 bits of the
+    request seed: with a plain linear mix, seeds that differ by a multiple of 2**32 drew identical tokens.
+    """
+    x = (seed * _SEED_MIX + position) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
 
 
 class Sampler:
