@@ -37,6 +37,9 @@ LOGIT_SCALES = (0.1, 1.0, 3.0, 10.0)  # std of a synthetic row: nearly flat .. s
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 """A seed for a torch or Python generator (drawn, so failures replay)."""
 
+request_seeds = st.one_of(st.sampled_from((0, 2**32, 2**63 - 1)), st.integers(0, 2**63 - 1))
+"""A SamplingParams.seed: the whole valid range, with the 32-bit boundary (CPU generators keep 32 bits) as an edge."""
+
 
 # ---- sampling parameters ---------------------------------------------------------------------------------------
 
@@ -83,7 +86,7 @@ def sampling_params(
     else:
         temperature = draw(temperatures(greedy_allowed=greedy is None))
         top_k = draw(top_ks(vocab_size, greedy_allowed=greedy is None))
-    seed_strategy = {True: seeds, False: st.none(), None: st.none() | seeds}[seeded]
+    seed_strategy = {True: request_seeds, False: st.none(), None: st.none() | request_seeds}[seeded]
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,
