@@ -20,9 +20,11 @@ from properties.checks import assert_logits_close, compare_greedy, logit_toleran
 pytestmark = needs_flashinfer
 
 TOL = logit_tolerance(torch.bfloat16)
-# Lengths around page boundaries of 4 and 16; two prompts prefill in chunks, i.e. extend over a cached prefix.
-PROMPT_LENS = (1, 5, 16, 17, 40)
-CHUNKS = ((), (), (), (9, 8), (7, 20, 13))
+# Lengths around page boundaries of 4 and 16, and one long enough for many KV tiles (and split-KV decode); three
+# prompts prefill in chunks, i.e. extend over a cached prefix.
+PROMPT_LENS = (1, 5, 16, 17, 40, 700)
+CHUNKS = ((), (), (), (9, 8), (7, 20, 13), (500, 200))
+LONG = {"max_seq_len_override": 1024, "num_page_override": 2048}
 
 
 def assert_runs_match(ours: list[Generation], ref: list[Generation], what: str) -> float:
@@ -49,7 +51,7 @@ def test_flashinfer_matches_torch_backend(
     layout = PageLayout("shuffled", seed=page_size)
     runs = {}
     for backend in ("flashinfer", "torch"):
-        engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, cuda_graph_bs=[])
+        engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, cuda_graph_bs=[], **LONG)
         assert engine.attn_backend.name == backend
         runs[backend] = generate(engine, _prompts(engine.model_config.vocab_size), 12, layout, CHUNKS)
         engine.shutdown()
@@ -63,7 +65,7 @@ def test_flashinfer_page_sweep_matches_hf64(
     wide_model: Path, page_size: int, kind: str, record_property: pytest.RecordProperty
 ) -> None:
     """The default engine (FlashInfer with CUDA graphs) on scattered pages, checked token by token against HF."""
-    engine = gpu_engine(wide_model, page_size=page_size)
+    engine = gpu_engine(wide_model, page_size=page_size, **LONG)
     assert engine.attn_backend.name == "flashinfer" and engine.graph_runner.enabled
     gens = generate(engine, _prompts(engine.model_config.vocab_size), 10, PageLayout(kind, seed=7), CHUNKS)
     engine.shutdown()

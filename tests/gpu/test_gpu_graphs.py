@@ -36,29 +36,36 @@ def _count_replays(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tupl
     return seen
 
 
-def _shrinking_batches(engine: Engine, layout: PageLayout) -> list[Generation]:
-    """8 requests admitted together, finishing one per step: decode batches of 8, 7, ..., 1."""
+def _shrinking_batches(engine: Engine, layout: PageLayout, n: int) -> list[Generation]:
+    """n requests admitted together, finishing one per step: decode batches of n, n - 1, ..., 1."""
     vocab = engine.model_config.vocab_size
-    prompts = [random_prompt(200 + i, 3 + 5 * i, vocab) for i in range(8)]
-    return generate(engine, prompts, [2 + i for i in range(8)], layout)
+    prompts = [random_prompt(200 + i, 3 + 5 * i, vocab) for i in range(n)]
+    return generate(engine, prompts, [2 + i for i in range(n)], layout)
 
 
-@pytest.mark.parametrize("name", ["llama", "gqa3"])  # CUDA-core and tensor-core decode
+# CUDA-core decode with the default sizes up to 16 ([1, 2, 4, 8, 16]); tensor-core decode with sizes up to 8.
+@pytest.mark.parametrize("name,n", [("llama", 16), ("gqa3", 8)])
 def test_graph_replay_matches_eager(
-    wide_models: dict[str, Path], name: str, monkeypatch: pytest.MonkeyPatch, record_property: pytest.RecordProperty
+    wide_models: dict[str, Path],
+    name: str,
+    n: int,
+    monkeypatch: pytest.MonkeyPatch,
+    record_property: pytest.RecordProperty,
 ) -> None:
     layout = PageLayout("shuffled", seed=3)
-    graph_engine = gpu_engine(wide_models[name], page_size=4, cuda_graph_bs=GRAPH_BS)
-    assert sorted(graph_engine.graph_runner.graphs) == GRAPH_BS
+    graph_engine = gpu_engine(wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=None)
+    captured = sorted(graph_engine.graph_runner.graphs)
+    assert captured == [bs for bs in (1, 2, 4, 8, 16) if bs <= n]
     replays = _count_replays(graph_engine, monkeypatch)
-    graphed = _shrinking_batches(graph_engine, layout)
+    graphed = _shrinking_batches(graph_engine, layout, n)
     graph_engine.shutdown()
-    eager_engine = gpu_engine(wide_models[name], page_size=4, cuda_graph_bs=[])
+    eager_engine = gpu_engine(wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=[])
     assert not eager_engine.graph_runner.enabled
-    eager = _shrinking_batches(eager_engine, layout)
+    eager = _shrinking_batches(eager_engine, layout, n)
     eager_engine.shutdown()
-    assert {size for size, _ in replays} == set(range(1, 9)), replays
-    assert {(3, 4), (5, 8), (6, 8), (7, 8)} <= set(replays), "sizes between captured ones must be padded up"
+    assert {size for size, _ in replays} == set(range(1, n + 1)), replays
+    expected = {(size, next(bs for bs in captured if bs >= size)) for size in range(1, n + 1)}
+    assert set(replays) == expected, "sizes between captured ones must be padded up to the next one"
     worst = assert_runs_match(graphed, eager, f"{name}: graph vs eager")
     record_property(f"max_logit_diff_graph_vs_eager_{name}", round(worst, 5))
 
