@@ -49,6 +49,11 @@ ROW_SLOTS = 16  # row r of the page table maps positions [0, 16) to slots [16 r,
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
+def cpu_config(model: Path, **kwargs: Any) -> EngineConfig:
+    """The tests pin the CPU: on a GPU machine "auto" would pick CUDA and bfloat16, where HF parity is not exact."""
+    return EngineConfig(str(model), **{"device": "cpu", **kwargs})
+
+
 def expect(error: type[EngineError], call: Callable[[], object], *needles: str) -> EngineError:
     """call() raises `error` (exactly that type or a subclass), and the message contains every needle."""
     with pytest.raises(error) as info:
@@ -76,7 +81,7 @@ def oracle(qwen3: Path) -> HFOracle:
 @pytest.fixture
 def engine(qwen3: Path) -> Iterator[Engine]:
     eng = Engine(
-        EngineConfig(str(qwen3), num_page_override=ROWS * ROW_SLOTS, max_running_req=ROWS, max_seq_len_override=64),
+        cpu_config(qwen3, num_page_override=ROWS * ROW_SLOTS, max_running_req=ROWS, max_seq_len_override=64),
         sampler_seed=0,
     )
     for r in range(ROWS):
@@ -274,14 +279,14 @@ def test_driver_prefill_budget_must_be_positive(engine: Engine) -> None:
 
 # ---- capacity ------------------------------------------------------------------------------------------------
 def test_pool_too_small_to_plan(qwen3: Path) -> None:
-    expect(CapacityError, lambda: Engine(EngineConfig(str(qwen3), cpu_kv_cache_bytes=1)), "cpu_kv_cache_bytes")
-    expect(CapacityError, lambda: Engine(EngineConfig(str(qwen3), memory_ratio=1e-12)), "memory_ratio=1e-12")
+    expect(CapacityError, lambda: Engine(cpu_config(qwen3, cpu_kv_cache_bytes=1)), "cpu_kv_cache_bytes")
+    expect(CapacityError, lambda: Engine(cpu_config(qwen3, memory_ratio=1e-12)), "memory_ratio=1e-12")
 
 
 def test_allocation_larger_than_memory_refused_before_allocating(qwen3: Path) -> None:
     # Far beyond any machine: torch would fail deep inside, or the OOM killer would end the process.
-    expect(CapacityError, lambda: Engine(EngineConfig(str(qwen3), num_page_override=10**12)), "KV pool", "num_page")
-    expect(CapacityError, lambda: Engine(EngineConfig(str(qwen3), max_running_req=10**9)), "page table")
+    expect(CapacityError, lambda: Engine(cpu_config(qwen3, num_page_override=10**12)), "KV pool", "num_page")
+    expect(CapacityError, lambda: Engine(cpu_config(qwen3, max_running_req=10**9)), "page table")
 
 
 def test_driver_rows_exhausted(engine: Engine) -> None:
@@ -294,7 +299,7 @@ def test_driver_rows_exhausted(engine: Engine) -> None:
 
 
 def test_request_that_can_never_fit(qwen3: Path) -> None:
-    eng = Engine(EngineConfig(str(qwen3), num_page_override=8, max_running_req=2))
+    eng = Engine(cpu_config(qwen3, num_page_override=8, max_running_req=2))
     driver = StaticDriver(eng)
     expect(CapacityError, lambda: driver.add(list(range(10)), GREEDY), "14 KV page(s)", "only 8", "never fit")
     assert driver.allocator.available == 8 and len(driver.free_rows) == 2
@@ -302,7 +307,7 @@ def test_request_that_can_never_fit(qwen3: Path) -> None:
 
 
 def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, oracle: HFOracle) -> None:
-    eng = Engine(EngineConfig(str(qwen3), page_size=2, num_page_override=12, max_running_req=4))
+    eng = Engine(cpu_config(qwen3, page_size=2, num_page_override=12, max_running_req=4))
     driver = StaticDriver(eng, PageLayout("shuffled", seed=3))
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     prompts = [_prompt(1, 7), _prompt(2, 5)]  # 7 + 6 → 7 pages, 5 + 6 → 6 pages: 13 > 12
@@ -393,12 +398,12 @@ def test_broken_model_dir(
     broken = tmp_path / "model"
     shutil.copytree(qwen3, broken)
     breakage(broken)
-    expect(ModelLoadError, lambda: Engine(EngineConfig(str(broken), num_page_override=8)), *needles)
+    expect(ModelLoadError, lambda: Engine(cpu_config(broken, num_page_override=8)), *needles)
 
 
 def test_model_path_not_a_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    expect(ModelLoadError, lambda: Engine(EngineConfig(str(missing))), str(missing), "not a directory")
+    expect(ModelLoadError, lambda: Engine(cpu_config(missing)), str(missing), "not a directory")
 
 
 def test_failed_construction_leaves_thread_count(qwen3: Path, tmp_path: Path) -> None:
@@ -408,7 +413,7 @@ def test_failed_construction_leaves_thread_count(qwen3: Path, tmp_path: Path) ->
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        expect(ModelLoadError, lambda: Engine(EngineConfig(str(broken), num_page_override=8)), "no *.safetensors")
+        expect(ModelLoadError, lambda: Engine(cpu_config(broken, num_page_override=8)), "no *.safetensors")
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
@@ -449,7 +454,7 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 
 @pytest.mark.parametrize("name,kwargs,needles", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
 def test_bad_config(qwen3: Path, name: str, kwargs: dict[str, Any], needles: tuple[str, ...]) -> None:
-    expect(ConfigError, lambda: Engine(EngineConfig(str(qwen3), num_page_override=8, **kwargs)), *needles)
+    expect(ConfigError, lambda: Engine(cpu_config(qwen3, num_page_override=8, **kwargs)), *needles)
 
 
 def test_model_path_not_a_path() -> None:
@@ -462,7 +467,7 @@ def test_cuda_without_gpu(qwen3: Path) -> None:
 
 
 def test_float16_on_cpu(qwen3: Path) -> None:
-    config = EngineConfig(str(qwen3), device="cpu", dtype="float16", num_page_override=8)
+    config = cpu_config(qwen3, dtype="float16", num_page_override=8)
     expect(ConfigError, lambda: Engine(config), "float16", "CPU")
 
 
@@ -554,7 +559,7 @@ def test_shutdown_twice_then_every_use_is_refused(engine: Engine) -> None:
 
 
 def test_context_manager_shuts_down(qwen3: Path) -> None:
-    with Engine(EngineConfig(str(qwen3), num_page_override=8)) as eng:
+    with Engine(cpu_config(qwen3, num_page_override=8)) as eng:
         StaticDriver(eng).generate([[1, 2]], GREEDY)
     expect(EngineClosedError, lambda: StaticDriver(eng).add([1], GREEDY), "shut down")
 
@@ -564,7 +569,7 @@ def test_two_engines_interleaved_are_both_correct(tiny_models: dict[str, Path]) 
     setups = [("qwen3", 1, PageLayout("shuffled", 1)), ("llama", 4, PageLayout("interleaved"))]
     drivers, expected = [], []
     for i, (arch, page_size, layout) in enumerate(setups):
-        eng = Engine(EngineConfig(str(tiny_models[arch]), page_size=page_size, num_page_override=64, max_running_req=3))
+        eng = Engine(cpu_config(tiny_models[arch], page_size=page_size, num_page_override=64, max_running_req=3))
         driver = StaticDriver(eng, layout)
         prompts = [_prompt(10 * i + j, 3 + 4 * j) for j in range(3)]
         uids = [driver.add(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]

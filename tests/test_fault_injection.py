@@ -49,7 +49,7 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 
 def _engine(model: Path, page_size: int = 2) -> Engine:
-    config = EngineConfig(str(model), page_size=page_size, num_page_override=64, max_running_req=4)
+    config = EngineConfig(str(model), device="cpu", page_size=page_size, num_page_override=64, max_running_req=4)
     return Engine(config, sampler_seed=0)
 
 
