@@ -68,19 +68,20 @@ class TorchAttnBackend(BaseAttnBackend):
             return self._decode(q, meta, k_slots, v_slots, group > 1)
         out = torch.empty_like(q)
         for (qs, qe), slots, cached in zip(meta.q_ranges, meta.kv_slots, meta.cached_lens):
-            qi = q[qs:qe].transpose(0, 1)  # [heads, q_len, dim]
-            ki = k_slots[slots].transpose(0, 1).to(q.dtype)
-            vi = v_slots[slots].transpose(0, 1).to(q.dtype)
-            if group > 1:
-                ki = ki.repeat_interleave(group, dim=0)
-                vi = vi.repeat_interleave(group, dim=0)
+            # 4-D [1, heads, len, dim]: 3-D inputs fall back to SDPA's math kernel on CPU (3x slower at 2k tokens).
+            qi = q[qs:qe].transpose(0, 1)[None]
+            ki = k_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
+            vi = v_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
             q_len, kv_len = qe - qs, len(slots)
             mask = None
-            if q_len > 1:
+            if q_len > 1 and cached > 0:
                 # Bottom-right causal: query j sits at absolute position cached + j.
                 rows = torch.arange(q_len, device=q.device)[:, None] + cached
                 mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
-            out[qs:qe] = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask).transpose(0, 1)
+            # A fresh prefill (kv == q) is plain causal: is_causal skips building and reading a q x kv mask.
+            causal = q_len > 1 and cached == 0
+            attn = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
+            out[qs:qe] = attn[0].transpose(0, 1)
         return out
 
     @staticmethod
