@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +30,10 @@ class HFOracle:
         model: Any = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=self.dtype, experts_implementation="eager"
         )
+        # generate() fills unset fields (eos_token_id above all) from the model's generation_config, so an
+        # explicit None in our config would not stop it at EOS; the oracle owns this instance, so clear them.
+        model.generation_config.eos_token_id = None
+        model.generation_config.bos_token_id = None
         return model.to(self.device).eval()
 
     @cached_property
@@ -60,7 +64,10 @@ class HFOracle:
             out = self.model.generate(
                 self._ids(prompt), attention_mask=torch.ones_like(self._ids(prompt)), generation_config=config
             )
-            self._cache[key] = out[0, len(prompt) :].cpu()
+            new = out[0, len(prompt) :].cpu()
+            if len(new) != n:
+                raise RuntimeError(f"HF generate returned {len(new)} tokens instead of {n}; EOS was not ignored")
+            self._cache[key] = new
         return self._cache[key].tolist()
 
     @torch.no_grad()

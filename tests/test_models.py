@@ -115,3 +115,17 @@ def test_tied_embeddings_share_one_tensor(tiny_models: dict[str, Path]) -> None:
     assert engine.model.lm_head.tied_to is engine.model.model.embed_tokens
     assert not any(name.startswith("lm_head") for name, _ in engine.model.named_parameters())
     engine.shutdown()
+
+
+def test_oracle_greedy_ignores_eos_like_the_engine(tiny_models: dict[str, Path]) -> None:
+    """The tiny qwen3 continues [0, 1] with its EOS id (1) at once: both sides must run on past it."""
+    model = tiny_models["qwen3"]
+    eos = ModelConfig.from_dir(model).eos_token_ids
+    hf = HFOracle(model, dtype=torch.float32).greedy([0, 1], 5)
+    assert len(hf) == 5 and hf[0] in eos
+    engine = _engine(model)
+    [gen] = StaticDriver(engine).generate([[0, 1]], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert gen.output_ids == hf
+    [stopped] = StaticDriver(engine).generate([[0, 1]], SamplingParams(max_tokens=5))
+    assert stopped.output_ids == hf[:1] and stopped.finish_reason == "eos"
+    engine.shutdown()
