@@ -39,9 +39,9 @@ class StatPlan:
 SYNTHETIC_ROWS = 4
 MODEL_ROWS = 3
 
-SAMPLING_SYNTHETIC = StatPlan(examples(1.0), 2 * SYNTHETIC_ROWS)
-SAMPLING_MODEL = StatPlan(examples(0.4), 2 * MODEL_ROWS)
-SEEDED_DISTINCT = StatPlan(examples(0.4), 1)  # identical draws from two seeds, at most once per example
+SAMPLING_SYNTHETIC = StatPlan(examples(2.0), 2 * SYNTHETIC_ROWS)
+SAMPLING_MODEL = StatPlan(examples(0.8), 2 * MODEL_ROWS)
+SEEDED_DISTINCT = StatPlan(examples(0.8), 1)  # identical draws from two seeds, at most once per example
 
 _PLANS = (SAMPLING_SYNTHETIC, SAMPLING_MODEL, SEEDED_DISTINCT)
 STAT_ALPHA = AlphaBudget(tests=sum(p.examples * p.checks_per_example for p in _PLANS), total=PROPERTIES_ALPHA).per_test

@@ -63,15 +63,22 @@ def logits_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     return float((actual.double() - reference.double()).abs().max())
 
 
-def assert_logits_close(actual: torch.Tensor, reference: torch.Tensor, tol: LogitTolerance, what: str) -> float:
-    """Raise AssertionError naming `what` unless actual is within tol of reference; returns the error."""
+def assert_logits_close(
+    actual: torch.Tensor, reference: torch.Tensor, tol: LogitTolerance, what: str, slack: float = 0.0
+) -> float:
+    """Raise AssertionError naming `what` unless actual is within tol (plus `slack`) of reference; returns the error.
+
+    slack: extra absolute error allowed, e.g. the error HF itself makes at the engine's dtype (see
+    test_prefill_logits: a bf16 MoE router can pick other experts than the float64 one, in HF as in the engine).
+    """
     err = logits_error(actual, reference)
-    bound = tol.bound(reference)
+    bound = tol.bound(reference) + slack
     if not err <= bound:
         diff = (actual.double() - reference.double()).abs().flatten()
         worst = int(diff.argmax())
         raise AssertionError(
-            f"{what}: max |logit error| {err:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}); worst at flat "
+            f"{what}: max |logit error| {err:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}, slack {slack:.3g}); "
+            f"worst at flat "
             f"index {worst}: engine {float(actual.flatten()[worst]):.6g} vs reference "
             f"{float(reference.flatten()[worst]):.6g}"
         )

@@ -25,7 +25,7 @@ from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from properties.strategies import PAGE_SIZES, batches, requests, sampling_params, seeds
 
 
-@settings(max_examples=examples(1.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_tokens_do_not_depend_on_batch_mates(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool

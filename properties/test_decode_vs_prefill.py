@@ -25,7 +25,7 @@ from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from properties.strategies import batches, layouts, sampling_params, seeds
 
 
-@settings(max_examples=examples(0.8))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_decode_matches_teacher_forced_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]

@@ -35,7 +35,7 @@ def check_against_hf(ref: HFOracle, spec: RequestSpec, gen: Generation, tol_dtyp
     assert result.ok, f"prompt {list(spec.prompt)}: {result.failure}"
 
 
-@settings(max_examples=examples(0.6))
+@settings(max_examples=examples(3.0))
 @given(data=st.data())
 def test_greedy_matches_hf_tiny(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
@@ -50,7 +50,7 @@ def test_greedy_matches_hf_tiny(
 
 
 @pytest.mark.model
-@settings(max_examples=examples(0.08))
+@settings(max_examples=examples(0.12))
 @given(data=st.data())
 def test_greedy_matches_hf_smollm2(
     data: st.DataObject, smollm2: Path, engines: EnginePool, oracle: Callable[..., HFOracle]

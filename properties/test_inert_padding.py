@@ -62,7 +62,7 @@ def fill(view: torch.Tensor, slots: torch.Tensor, seed: int) -> torch.Tensor:
     return values
 
 
-@settings(max_examples=examples(1.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")

@@ -22,7 +22,7 @@ from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from properties.strategies import batches, layouts, sampling_params, seeds
 
 
-@settings(max_examples=examples(1.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_logits_do_not_depend_on_page_layout(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool

@@ -6,6 +6,11 @@ token after each prompt are compared with HF's float64 forward pass of that prom
 Tolerance, per engine dtype (properties.checks.LOGIT_TOLERANCES, with the measurements behind them):
 max |engine - ref| <= rel * max(1, max |ref|), rel = 5e-5 for float32 and 0.06 for bfloat16 (CPU bf16 runs here
 too, on the tiny models, so the looser dtype is exercised as well).
+
+Below float32 the bound also allows the error HF itself makes at the engine's dtype (its logits at that dtype
+against its float64 logits). That matters for MoE: the top-k expert choice is discontinuous, and a router logit gap
+below bf16 resolution sends a token to other experts, in HF bf16 exactly as in the engine (measured on the tiny
+MoE: both 3.95 off the float64 logits, against ~0.1 for a dense model). Float32 gets no such allowance.
 """
 
 from __future__ import annotations
@@ -21,19 +26,22 @@ from hypothesis import strategies as st
 from engine import Engine
 from oracle.hf import HFOracle
 from properties.budget import examples
-from properties.checks import assert_logits_close, logit_tolerance
+from properties.checks import assert_logits_close, logit_tolerance, logits_error
 from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from properties.strategies import PAGE_SIZES, RequestSpec, batches, sampling_params
 
 
-def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec]) -> None:
+def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec], same_dtype: HFOracle | None = None) -> None:
+    """same_dtype: HF at the engine's dtype, whose own error against ref is allowed on top of the tolerance."""
     tol = logit_tolerance(engine.dtype)
     for i, (spec, gen) in enumerate(zip(specs, run_requests(engine, specs))):
         expected = ref.prefill_logits(spec.prompt)
-        assert_logits_close(gen.logits[0], expected, tol, f"request {i} of {len(specs)}, prompt {list(spec.prompt)}")
+        slack = 0.0 if same_dtype is None else logits_error(same_dtype.prefill_logits(spec.prompt), expected)
+        what = f"request {i} of {len(specs)}, prompt {list(spec.prompt)}"
+        assert_logits_close(gen.logits[0], expected, tol, what, slack)
 
 
-@settings(max_examples=examples(1.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_prefill_logits_match_hf_tiny(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
@@ -43,11 +51,13 @@ def test_prefill_logits_match_hf_tiny(
     page_size = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
     one_token = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.just(1))
     specs = data.draw(batches(TINY_VOCAB, 8, 64, page_size, one_token), label="requests")
-    check_prefill(engines.get(tiny_models[arch], page_size, dtype), oracle(tiny_models[arch], torch.float64), specs)
+    engine = engines.get(tiny_models[arch], page_size, dtype)
+    same_dtype = None if engine.dtype == torch.float32 else oracle(tiny_models[arch], engine.dtype)
+    check_prefill(engine, oracle(tiny_models[arch], torch.float64), specs, same_dtype)
 
 
 @pytest.mark.model
-@settings(max_examples=examples(0.08))
+@settings(max_examples=examples(0.12))
 @given(data=st.data())
 def test_prefill_logits_match_hf_smollm2(
     data: st.DataObject, smollm2: Path, engines: EnginePool, oracle: Callable[..., HFOracle]

@@ -8,16 +8,16 @@ threshold (the reference's ambiguous mask) are left out of both. Greedy rows (te
 a maximal logit every time.
 
 α: every check runs at properties.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
-every statistical check the active profile can run (about 1.8e-6 per check under `ci`).
+every statistical check the active profile can run (9.3e-7 per check under `ci`: 540 checks).
 
-Sample sizes (power from oracle.stats.power at α = 1.8e-6):
+Sample sizes, with the power of the chi-square test (oracle.stats.power at α = 9.3e-7) against Cohen's effect
+size w:
 
-* synthetic logits, N_SYNTHETIC = 8000 draws per row, vocab 2..24 (df <= 23): power >= 0.9 against an effect of
-  Cohen's w = 0.1 for df <= 15, and >= 0.99 against w = 0.15 for every df here.
-* tiny-model logits (vocab 512), N_MODEL = 4000 draws per row. The effective df is the number of tokens with
-  expected count >= 5 (bins below are pooled): small for peaked rows (power >= 0.9 against w = 0.15 for df <= 10),
-  up to a few hundred for hot ones, where only gross errors show (a dropped or added token of real mass, a wrong
-  filter order); the synthetic test carries the fine-grained power.
+* synthetic logits, N_SYNTHETIC = 8000 draws per row, vocab 2..24 (df <= 23): power >= 0.96 against w = 0.1.
+* tiny-model logits (vocab 512), N_MODEL = 4000 draws per row: power >= 0.9 against w = 0.1 for df <= 1, against
+  w = 0.15 for df <= 50 and against w = 0.2 for df <= 100. The df is the number of tokens with expected count >= 5
+  (bins below are pooled): small for peaked rows, a few hundred for hot ones, where only gross errors show (a
+  dropped or added token of real mass, a wrong filter order); the synthetic test carries the fine-grained power.
 
 SmolLM2 is not sampled here: one draw of a 49152-token row costs ~30 ms on the CI CPU (two full sorts), so a
 budget of seconds buys too few draws for a test with power, and the sampler's code path does not depend on the

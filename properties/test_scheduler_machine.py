@@ -170,7 +170,7 @@ def test_random_scheduler_keeps_paging_and_parity(
     run_state_machine_as_test(
         lambda: SchedulerMachine(tiny_models, engines, oracle, tally),  # type: ignore[arg-type]  # a factory is fine
         settings=settings(
-            max_examples=examples(0.8),
+            max_examples=examples(3.2),
             stateful_step_count=40,
             # A run draws up to 40 rules, many of them whole requests: more data than one plain example.
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

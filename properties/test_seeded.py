@@ -42,7 +42,7 @@ from properties.strategies import (
 )
 
 
-@settings(max_examples=examples(0.6))
+@settings(max_examples=examples(1.2))
 @given(data=st.data())
 def test_same_seed_gives_same_tokens(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
@@ -61,7 +61,7 @@ def test_same_seed_gives_same_tokens(data: st.DataObject, tiny_models: dict[str,
         assert all(torch.equal(x, y) for x, y in zip(a[i].logits, b[i].logits)), f"request {i}: logits differ"
 
 
-@settings(max_examples=examples(2.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_seeded_row_does_not_depend_on_its_batch(data: st.DataObject) -> None:
     vocab = data.draw(st.integers(2, 64), label="vocab")

@@ -24,7 +24,7 @@ from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from properties.strategies import RequestSpec, batches, layouts, sampling_params
 
 
-@settings(max_examples=examples(1.0))
+@settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_split_prefill_matches_single_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
