@@ -1,10 +1,14 @@
 """Greedy parity with HF in bf16 on CUDA: the zoo's tiny models (torch backend: head_dim 16), the head_dim-64 tiny
 models (FlashInfer with CUDA graphs) and SmolLM2-135M-Instruct where its directory is on this machine.
 
-Two references, both under the harness's near-tie rule and bf16 tolerance (properties/checks.py):
-* HF bf16 `generate` on the same GPU: its tokens, and its own teacher-forced rows for the near-tie test;
-* HF float64 on CPU teacher-forced on the engine's tokens: every row within tolerance, every token its argmax
-  up to a near-tie (this one checks all positions, since the prefixes never diverge).
+Two references, both with the bf16 near-tie rule (gpu_support.near_tie):
+* HF bf16 `generate` on the same GPU: equal tokens up to the first near-tie;
+* HF float64 on CPU teacher-forced on the engine's tokens, so every position is compared: each token the argmax
+  of the engine's own row and a near-tie of HF's; each row within the harness's bf16 bound (0.06 * max(1, max
+  |logit|)), or at most 1.5 times as far from float64 as HF's own bf16 forward pass on the same tokens. The second
+  clause exists for SmolLM2: over 30 layers its bf16 rounding reaches the bound (0.0605 of the logit scale, seen on
+  the H200), in HF's bf16 run as in ours; an engine bug shows as an error well beyond HF's.
+The worst errors of both runs are recorded as junit properties.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 import torch
 from gpu_support import (
     check_against_hf64,
+    compare_free_running,
     generate,
     gpu_engine,
     hf_oracle,
@@ -24,11 +29,10 @@ from gpu_support import (
     requires_flashinfer,
 )
 
-from properties.checks import compare_greedy, logit_tolerance
+from properties.checks import logits_error
 
 pytestmark = needs_cuda
 
-TOL = logit_tolerance(torch.bfloat16)
 NEW_TOKENS = 16
 SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
@@ -39,18 +43,28 @@ def _check_parity(model: Path, prompts: list[list[int]], record_property: pytest
     gens = generate(engine, prompts, NEW_TOKENS)
     backend = engine.attn_backend.name
     engine.shutdown()
-    hf_bf16 = hf_oracle(model, torch.bfloat16, "cuda")
-    worst, diverged = 0.0, 0
+    hf_bf16, hf64 = hf_oracle(model, torch.bfloat16, "cuda"), hf_oracle(model)
+    worst, worst_hf, diverged = 0.0, 0.0, 0
     for i, (prompt, gen) in enumerate(zip(prompts, gens)):
         what = f"{model.name} ({backend}) prompt {i}"
+        span = slice(len(prompt) - 1, len(prompt) - 1 + NEW_TOKENS)
         ref = hf_bf16.greedy(prompt, NEW_TOKENS)
-        rows = hf_bf16.teacher_forced_logits(prompt + ref)[len(prompt) - 1 : len(prompt) - 1 + NEW_TOKENS]
-        cmp = compare_greedy(gen.output_ids, gen.logits, ref, list(rows.float()), TOL)
-        assert cmp.ok, f"{what} vs HF bf16 generate: {cmp.failure}"
-        diverged += cmp.mismatch_at is not None
-        worst = max(worst, check_against_hf64(model, gen, what))
-    record_property(f"max_logit_err_vs_hf64_{model.name}_{backend}", round(worst, 5))
-    record_property(f"near_tie_divergences_vs_hf_bf16_{model.name}", diverged)
+        rows = hf_bf16.teacher_forced_logits(prompt + ref)[span].float()
+        mismatch, failure = compare_free_running(gen.output_ids, gen.logits, ref, list(rows))
+        assert failure is None, f"{what} vs HF bf16 generate: {failure}"
+        diverged += mismatch is not None
+        # HF bf16's own error on the engine's tokens: the yardstick of what bf16 rounding does to this model.
+        tokens = list(prompt) + gen.output_ids
+        yardstick = [
+            logits_error(a.float(), b)
+            for a, b in zip(hf_bf16.teacher_forced_logits(tokens)[span], hf64.teacher_forced_logits(tokens)[span])
+        ]
+        worst = max(worst, *check_against_hf64(model, gen, what, yardstick))
+        worst_hf = max(worst_hf, *yardstick)
+    tag = f"{model.name}_{backend}_ps{engine_kw.get('page_size', 1)}"
+    record_property(f"max_logit_err_vs_hf64_{tag}", round(worst, 5))
+    record_property(f"hf_bf16_max_logit_err_vs_hf64_{tag}", round(worst_hf, 5))
+    record_property(f"near_tie_divergences_vs_hf_bf16_{tag}", diverged)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
