@@ -66,7 +66,8 @@ class EnginePool:
                     max_running_req=max_running_req,
                     max_seq_len_override=MAX_SEQ_LEN,
                     num_page_override=pages,
-                )
+                ),
+                sampler_seed=0,  # runs reseed it from drawn data; never a random seed, even where one forgets
             )
         return self._engines[key]
 
