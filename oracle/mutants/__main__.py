@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import MUTANTS
-from .runner import BASELINE, REPO_ROOT, RunResult, run_table, targets_of, write_json
+from .runner import BASELINE, REPO_ROOT, RunResult, job_of, run_table, write_json
 
 _STYLE = {"killed": "green", "passed": "green", "survived": "bold red", "failed": "bold red"}
 
@@ -24,7 +24,9 @@ def _catalogue_table(fast: bool) -> Table:
     for col in ("mutant", "bug", "seen in", "targets"):
         table.add_column(col, overflow="fold")
     for name, m in MUTANTS.items():
-        table.add_row(name, m.bug, m.seen, "\n".join(targets_of(name, fast)))
+        job = job_of(name, fast)
+        profile = f" [{job.profile} profile]" if job.profile else ""
+        table.add_row(name, m.bug, m.seen, "\n".join(job.targets) + profile)
     return table
 
 

@@ -166,9 +166,9 @@ def _store_kv_swapped_strides(
     _ORIGINAL_STORE_KV(self, k, v, loc, layer)
 
 
-def _dummy_page_last_real(self: KVCachePool) -> int:
-    """The dummy page is taken as the last *real* page (num_pages - 1): padding rows overwrite a live page."""
-    return self.num_pages - 1
+def _dummy_page_zero(self: KVCachePool) -> int:
+    """The dummy page is page 0, which the allocator also hands out: padding rows overwrite a live request's KV."""
+    return 0
 
 
 # ---- the patches: one context manager per mutant -------------------------------------------------------------
@@ -221,4 +221,4 @@ def kv_wrong_slot_paged() -> contextlib.AbstractContextManager[None]:
 
 
 def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
-    return _swap(KVCachePool, "dummy_page", property(_dummy_page_last_real))
+    return _swap(KVCachePool, "dummy_page", property(_dummy_page_zero))

@@ -2,7 +2,7 @@
 
 The patch is applied in ``pytest_configure``, before any test runs, and undone in ``pytest_unconfigure``. With
 $ENGINE_MUTANT_REPORT set, the outcome (failed node ids, collection errors) is written there as JSON for the kill
-table. Hypothesis examples found under a mutant are never saved: they would replay against the real engine.
+table. Hypothesis examples found under a mutant are never saved and never shrunk (see _quiet_hypothesis_profile).
 """
 
 from __future__ import annotations
@@ -34,13 +34,6 @@ class _MutantSession:
     def pytest_report_header(self) -> str:
         return f"mutant: {self.name} ({MUTANTS[self.name].bug})" if self.name else "mutant: none (baseline)"
 
-    def pytest_collection_finish(self) -> None:
-        # After the conftests loaded their profile: keep its settings, but never write the example database.
-        from hypothesis import settings
-
-        settings.register_profile("oracle-mutants", parent=settings.default, database=None)
-        settings.load_profile("oracle-mutants")
-
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:  # a module that does not import is an error, not a kill
             self.outcome["collect_errors"].append(report.nodeid)
@@ -63,10 +56,26 @@ class _MutantSession:
             Path(path).write_text(json.dumps(record, indent=1))
 
 
+def _quiet_hypothesis_profile() -> None:
+    """Derive a profile from the active one that never writes the example database (examples found under a
+    mutant would replay against the real engine) and never shrinks (a kill needs one failing example, not the
+    smallest; shrinking replays forward passes for minutes). Hypothesis copies settings into each @settings
+    decorator when the test module is imported, so this must run before collection and after the conftests
+    loaded their own profile: hence trylast in pytest_configure."""
+    from hypothesis import Phase, settings
+
+    current = settings()  # a copy of the active profile
+    phases = [p for p in current.phases if p is not Phase.shrink]
+    settings.register_profile("oracle-mutants", parent=current, database=None, phases=phases)
+    settings.load_profile("oracle-mutants")
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     name = os.environ.get(MUTANT_ENV, "")
     if name and name not in MUTANTS:
         raise pytest.UsageError(f"${MUTANT_ENV}={name!r} is not a mutant; known: {', '.join(MUTANTS)}")
+    _quiet_hypothesis_profile()
     config.pluginmanager.register(_MutantSession(name), "oracle-mutant-session")
 
 

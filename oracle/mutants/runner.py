@@ -49,18 +49,26 @@ def pytest_command(targets: Sequence[str], fast: bool) -> list[str]:
     return [*cmd, *targets]
 
 
-def run_one(
-    mutant: str | None, targets: Sequence[str], fast: bool, log_dir: Path, timeout: float | None = None
-) -> RunResult:
-    """Run ``targets`` under ``mutant`` (None: the baseline) in a fresh interpreter."""
+@dataclass(frozen=True)
+class Job:
+    targets: tuple[str, ...]
+    profile: str | None  # Hypothesis profile; None keeps $HYPOTHESIS_PROFILE (the suite's default is ci)
+
+
+def job_of(name: str, fast: bool) -> Job:
+    mutant = MUTANTS[name]
+    return Job(mutant.fast, mutant.fast_profile) if fast else Job(mutant.targets, None)
+
+
+def run_one(mutant: str | None, job: Job, fast: bool, log_path: Path, timeout: float | None = None) -> RunResult:
+    """Run the job's targets under ``mutant`` (None: the baseline) in a fresh interpreter."""
     label = mutant or BASELINE
-    log_path = log_dir / f"{mutant or 'baseline'}.log"
     env = dict(os.environ)
     env.pop(MUTANT_ENV, None)
     if mutant:
         env[MUTANT_ENV] = mutant
-    if fast:
-        env["HYPOTHESIS_PROFILE"] = "dev"
+    if job.profile:
+        env["HYPOTHESIS_PROFILE"] = job.profile
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "outcome.json"
@@ -69,7 +77,7 @@ def run_one(
         with log_path.open("w") as log:
             try:
                 proc = subprocess.run(
-                    pytest_command(targets, fast),
+                    pytest_command(job.targets, fast),
                     cwd=REPO_ROOT,
                     env=env,
                     stdout=log,
@@ -103,9 +111,29 @@ def run_one(
     )
 
 
-def targets_of(name: str, fast: bool) -> tuple[str, ...]:
-    mutant = MUTANTS[name]
-    return mutant.fast if fast else mutant.targets
+def run_baseline(names: Sequence[str], fast: bool, log_dir: Path, timeout: float | None) -> RunResult:
+    """Every target of the named mutants on the real engine: one run per Hypothesis profile, merged."""
+    by_profile: dict[str | None, list[str]] = {}
+    for name in names:
+        job = job_of(name, fast)
+        group = by_profile.setdefault(job.profile, [])
+        group += [t for t in job.targets if t not in group]
+    runs = [
+        run_one(None, Job(tuple(targets), profile), fast, log_dir / f"baseline-{profile or 'default'}.log", timeout)
+        for profile, targets in by_profile.items()
+    ]
+    bad = [r for r in runs if r.status != "passed"]
+    failed = tuple(t for r in runs for t in r.failed)
+    return RunResult(
+        BASELINE,
+        bad[0].status if bad else "passed",
+        failed[0] if failed else None,
+        failed,
+        sum(r.passed for r in runs),
+        sum(r.seconds for r in runs),
+        bad[0].exitstatus if bad else 0,
+        ", ".join(r.log for r in runs),
+    )
 
 
 def run_table(
@@ -127,10 +155,9 @@ def run_table(
         return result
 
     if baseline:
-        union = list(dict.fromkeys(t for n in names for t in targets_of(n, fast)))
-        results.append(done(run_one(None, union, fast, log_dir, timeout)))
+        results.append(done(run_baseline(names, fast, log_dir, timeout)))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, n, targets_of(n, fast), fast, log_dir, timeout) for n in names]
+        futures = [pool.submit(run_one, n, job_of(n, fast), fast, log_dir / f"{n}.log", timeout) for n in names]
         results += [done(f.result()) for f in futures]
     return results
 

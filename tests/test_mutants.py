@@ -1,0 +1,87 @@
+"""The mutant catalogue: every mutant is a clean, reversible patch, and the harness kills every one.
+
+The kill table itself runs as a subprocess per mutant (python -m oracle.mutants --fast): the fast configuration
+(targeted tests, dev Hypothesis profile, -x) of all mutants plus the baseline takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from engine.attention import torch_backend
+from engine.engine import Engine
+from engine.kvcache.pool import KVCachePool
+from engine.layers.norm import RMSNorm
+from engine.sample import Sampler
+from oracle.mutants import MUTANTS, activate
+from oracle.mutants.runner import REPO_ROOT
+
+# Everything a mutant may patch: a class dict or a module dict.
+PATCHED: tuple[type | ModuleType, ...] = (
+    Sampler,
+    Engine,
+    KVCachePool,
+    RMSNorm,
+    torch_backend.TorchAttnBackend,
+    torch_backend,
+)
+
+
+def _snapshot() -> dict[tuple[str, str], object]:
+    return {(str(owner), name): value for owner in PATCHED for name, value in vars(owner).items()}
+
+
+def _changed(before: dict[tuple[str, str], object]) -> set[tuple[str, str]]:
+    now = _snapshot()
+    return {k for k in before.keys() | now.keys() if before.get(k) is not now.get(k)}
+
+
+def test_the_catalogue_has_ten_or_more_mutants_with_existing_targets() -> None:
+    assert len(MUTANTS) >= 10
+    for name, mutant in MUTANTS.items():
+        assert mutant.bug and mutant.seen and mutant.targets and mutant.fast, name
+        for target in (*mutant.targets, *mutant.fast):
+            assert (REPO_ROOT / target.split("::")[0]).is_file(), f"{name}: {target} does not exist"
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_each_mutant_patches_something_and_restores_it_exactly(name: str) -> None:
+    before = _snapshot()
+    with activate(name):
+        assert _changed(before), f"{name} patched nothing"
+    assert not _changed(before)
+
+
+def test_a_mutant_is_undone_when_the_block_raises() -> None:
+    before = _snapshot()
+    with pytest.raises(RuntimeError, match="boom"), activate("top_p_off_by_one"):
+        raise RuntimeError("boom")
+    assert not _changed(before)
+
+
+def test_unknown_mutant_is_rejected() -> None:
+    with pytest.raises(KeyError, match="unknown mutant 'nope'"), activate("nope"):
+        pass
+
+
+def test_fast_kill_table_kills_every_mutant(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "oracle.mutants", "--fast", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    table = json.loads((tmp_path / "mutants-fast.json").read_text())
+    runs = {r["mutant"]: r for r in table["runs"]}
+    assert runs["(baseline)"]["status"] == "passed", proc.stdout[-3000:]
+    survivors = {n: r["status"] for n, r in runs.items() if n in MUTANTS and r["status"] != "killed"}
+    assert not survivors, proc.stdout[-3000:]
+    assert set(runs) == {"(baseline)", *MUTANTS}
+    assert proc.returncode == 0
