@@ -8,8 +8,8 @@ name, memory needed) runs before the first allocation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

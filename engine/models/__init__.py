@@ -4,7 +4,7 @@ from . import llama, qwen2, qwen3, qwen3_moe  # noqa: F401  (each module registe
 from .config import ModelConfig, RopeConfig
 from .decoder import DecoderForCausalLM
 from .registry import get_model_class, supported_architectures
-from .weight import load_weights, fill_dummy_weights
+from .weight import fill_dummy_weights, load_weights
 
 __all__ = [
     "DecoderForCausalLM",
