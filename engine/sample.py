@@ -154,7 +154,11 @@ class Sampler:
         full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
         # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
         top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
-        top_p = torch.ones(bs, dtype=torch.float32, device=probs.device) if args.top_p is None else args.top_p
+        # top_p = 1 is "off", but in fp32 the mass above a tail token can round up to 1 and reject it: off rows get
+        # a threshold no mass reaches.
+        top_p = torch.full((bs,), 2.0, device=probs.device)
+        if args.top_p is not None:
+            top_p = torch.where(args.top_p < 1.0, args.top_p, top_p)
         if args.min_p is not None:
             probs = self._fi.top_k_renorm_probs(probs, top_k)
             top_k = full_k
