@@ -66,18 +66,20 @@ def _sp(temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
-# Fixed grid points, besides the two boundary points every plan adds (boundary_cases). The first is plotted. Each
-# filter appears alone and combined; T != 1 wherever min-p is on, so a threshold taken before temperature shows.
+# Fixed grid points, besides the two boundary points every plan adds (boundary_cases). The first is plotted.
+# Temperature and min-p appear alone, top-p alone at a boundary point, top-k with top-p; T != 1 wherever min-p is
+# on, so a threshold taken before temperature shows. Draws per test: on SmolLM2's 49k vocabulary the engine's
+# sampler sorts every row (~4 ms a draw on 2 cores), so the full plan takes 1200, enough to detect Cohen's
+# w ~ 0.2 with 90% power at df ~ 20 (each check states its own detectable w); the gross errors real bugs make
+# (a dropped or added token of real mass, a wrong order of filters) show at a few hundred.
 FULL = Plan(
     "full",
     prompts=6,
     max_tokens=16,
-    samples=2000,
+    samples=1200,
     grid=(
-        _sp(1.0, top_p=0.9),
-        _sp(0.7),
-        _sp(1.0, top_k=50),
         _sp(0.8, top_k=40, top_p=0.9),
+        _sp(0.7),
         _sp(1.2, min_p=0.05),
         _sp(1.3, top_k=100, top_p=0.95, min_p=0.02),
     ),
@@ -240,7 +242,7 @@ def check_prefill_consistency(
 def check_seeded(engine: Engine, prompts: Sequence[list[int]], labels: Sequence[str], seed: int) -> list[Check]:
     """Seeded requests give the same tokens whatever the engine generator's state and the batch order."""
     two = list(prompts[:2])
-    params = [SamplingParams(temperature=1.5, seed=seed * 1000 + i + 1, max_tokens=8, ignore_eos=True) for i in (0, 1)]
+    params = [SamplingParams(temperature=1.5, seed=seed * 1000 + i + 1, max_tokens=6, ignore_eos=True) for i in (0, 1)]
     engine.sampler.generator.manual_seed(seed)
     first = StaticDriver(engine).generate(two, params)
     engine.sampler.generator.manual_seed(seed + 1)
