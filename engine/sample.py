@@ -206,6 +206,9 @@ class Sampler:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs
             drop_sorted = mass_above >= args.top_p.unsqueeze(1)
+            # top_p = 1 is "off" (HF adds no warper), but in fp32 the cumsum can reach 1.0 before the tail, which
+            # would drop tail tokens of such a row whenever a batch-mate turns top-p on.
+            drop_sorted &= (args.top_p < 1.0).unsqueeze(1)
             drop_sorted[:, 0] = False
             drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
