@@ -8,6 +8,8 @@ Profiles (pick one with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NA
 * ``deep``: 400 examples per test, random (a new seed each run), the local example database kept.
   ``HYPOTHESIS_PROFILE=deep pytest properties/`` or ``make properties-deep``; expect an hour or more.
 * ``dev``: 5 examples per test, derandomized: a quick smoke run while editing.
+* ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or the one given by
+  ``--hypothesis-seed``: runs the statistical properties under many seeds to count false failures.
 
 HealthCheck.too_slow is suppressed in every profile: one example runs whole forward passes (and HF generate),
 which Hypothesis counts as slow data generation for strategies that draw inside the test; the CI machine is shared,
@@ -39,6 +41,7 @@ _COMMON = settings(deadline=None, print_blob=True, suppress_health_check=[Health
 settings.register_profile("ci", _COMMON, max_examples=25, derandomize=True, database=None)
 settings.register_profile("deep", _COMMON, max_examples=400, derandomize=False)
 settings.register_profile("dev", _COMMON, max_examples=5, derandomize=True, database=None)
+settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=False, database=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
