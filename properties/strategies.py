@@ -45,6 +45,7 @@ request_seeds = st.one_of(st.sampled_from((0, 2**32, 2**63 - 1)), st.integers(0,
 
 
 def temperatures(greedy_allowed: bool = True) -> st.SearchStrategy[float]:
+    """0 (greedy, unless greedy_allowed is False), 1e-5 (all but greedy), 0.7, 1, 50 (nearly flat), or 0.05..5."""
     edges = TEMPERATURES if greedy_allowed else TEMPERATURES[1:]
     return st.one_of(st.sampled_from(edges), st.floats(0.05, 5.0))
 
