@@ -24,6 +24,7 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -479,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
             "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.compare", *(argv or sys.argv[1:])]),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "plan": asdict(plan),
         }
     }
