@@ -93,8 +93,13 @@ def test_smollm2_prefill_logits_and_greedy(smollm2: Path) -> None:
     engine.shutdown()
 
 
-def test_registry_lists_the_three_architectures() -> None:
-    assert supported_architectures() == ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+def test_registry_lists_the_supported_architectures() -> None:
+    assert supported_architectures() == [
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+    ]
 
 
 def test_config_accepts_transformers4_and_5_rope_keys(tiny_models: dict[str, Path]) -> None:
