@@ -66,7 +66,7 @@ def _sp(temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
-# Fixed grid points, besides the two boundary points every plan adds (boundary_cases). The first is plotted.
+# Fixed grid points, besides the two boundary points every plan adds (boundary_cases).
 # Temperature and min-p appear alone, top-p alone at a boundary point, top-k with top-p; T != 1 wherever min-p is
 # on, so a threshold taken before temperature shows. Draws per test: on SmolLM2's 49k vocabulary the engine's
 # sampler sorts every row (~4 ms a draw on 2 cores), so the full plan takes 1200, enough to detect Cohen's
@@ -378,10 +378,9 @@ def check_sampling(
     token_label: Callable[[int], str],
     advance: Advance,
     samples: int,
-    plot_index: int,
 ) -> tuple[list[Check], Figure | None]:
     checks: list[Check] = []
-    figure = None
+    figure, plotted_df = None, -1
     for i, case in enumerate(cases):
         row, params = rows[case.row], case.params
         name = f"{describe(params)} on {row_labels[case.row]}" + (f" ({case.why})" if case.why else "")
@@ -407,8 +406,8 @@ def check_sampling(
                 f"{greedy_ok}/{greedy_rows} greedy rows in the mixed batches returned the argmax",
             )
         )
-        if i == plot_index:
-            figure = _figure(name, counts, ref.probs, token_label)
+        if chi.df > plotted_df:  # plot the most informative case: the most chi-square bins
+            figure, plotted_df = _figure(name, counts, ref.probs, token_label), chi.df
         advance(f"sampling {name}")
     return checks, figure
 
@@ -456,10 +455,13 @@ def verify(model: str | Path, quick: bool = False, seed: int = 0, advance: Advan
         checks += check_bf16_norms(model, seed)
         step("bf16 norms")
         rows = [g.logits[0] for g in gens]
-        cases = boundary_cases(rows) + [SamplingCase(p, i % len(rows), "") for i, p in enumerate(plan.grid)]
+        # Fixed grid points go to the most uncertain rows first: a near one-hot row tests little.
+        entropy = [float(torch.special.entr(torch.softmax(r.double(), -1)).sum()) for r in rows]
+        ranked = sorted(range(len(rows)), key=lambda i: -entropy[i])
+        cases = boundary_cases(rows) + [SamplingCase(p, ranked[i % len(rows)], "") for i, p in enumerate(plan.grid)]
         alpha = AlphaBudget(tests=2 * len(cases), total=FAMILY_ALPHA).per_test
         sampling, figure = check_sampling(
-            engine, rows, labels, cases, alpha, seed, token_labeler(tokenizer), step, plan.samples, BOUNDARY_CASES
+            engine, rows, labels, cases, alpha, seed, token_labeler(tokenizer), step, plan.samples
         )
         dtype = str(engine.dtype).removeprefix("torch.")
         result = VerifyResult(str(model), plan.name, dtype, seed, alpha, checks + sampling, figure, prompts=prompts)
