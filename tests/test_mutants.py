@@ -7,6 +7,7 @@ The kill table itself runs as a subprocess per mutant (python -m oracle.mutants 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import Sampler
 from oracle.mutants import MUTANTS, activate
-from oracle.mutants.runner import REPO_ROOT
+from oracle.mutants.plugin import MUTANT_ENV
+from oracle.mutants.runner import REPO_ROOT, Job, run_one
 
 # Everything a mutant may patch: a class dict or a module dict.
 PATCHED: tuple[type | ModuleType, ...] = (
@@ -68,6 +70,40 @@ def test_a_mutant_is_undone_when_the_block_raises() -> None:
 def test_unknown_mutant_is_rejected() -> None:
     with pytest.raises(KeyError, match="unknown mutant 'nope'"), activate("nope"):
         pass
+
+
+def test_a_mutant_its_targets_cannot_see_survives(tmp_path: Path) -> None:
+    """The runner only calls a mutant killed when a test fails: a norm-precision bug is invisible to a greedy test."""
+    job = Job(("tests/test_sampler.py::test_temperature_zero_is_greedy",), "dev")
+    result = run_one("rmsnorm_model_dtype", job, fast=True, log_path=tmp_path / "log")
+    assert result.status == "survived" and not result.ok and result.passed == 1
+
+
+def test_a_target_that_does_not_exist_is_an_error_not_a_kill(tmp_path: Path) -> None:
+    result = run_one("top_p_off_by_one", Job(("tests/no_such_test.py",), "dev"), fast=True, log_path=tmp_path / "log")
+    assert result.status == "error" and not result.ok
+
+
+def test_the_plugin_rejects_an_unknown_mutant() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "oracle.mutants.plugin",
+            "--collect-only",
+            "-q",
+            "tests/test_sampler.py",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, MUTANT_ENV: "nope"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 4  # pytest's usage error
+    assert "is not a mutant" in proc.stderr + proc.stdout
 
 
 def test_fast_kill_table_kills_every_mutant(tmp_path: Path) -> None:
