@@ -9,13 +9,19 @@ Sections (each a list of :class:`Check`):
 * **logit error**: max |engine - HF float64| over every generated position (prefill and decode rows), within the
   per-dtype bound of :mod:`properties.checks`.
 * **decode ≡ prefill**: the engine's decode logits at a step equal its own prefill logits of the same prefix.
+* **split prefill ≡ prefill**: that prefix prefilled in two chunks (the prompt, then the generated tokens as one
+  extend with cached_len > 0) gives the same logits as one prefill.
+* **seeded sampling**: seeded requests repeat their tokens with another engine-generator state and batch order.
 * **bf16 norms**: every RMSNorm of the engine built in bfloat16 is bitwise HF's RMSNorm in bfloat16 (HF computes
   the mean of squares and rsqrt in float32). In float32 this rule is unobservable; in bf16 end-to-end logits
   it drowns in bf16's own rounding, so it is checked where it is exact: module by module, on the model's weights.
-* **sampling**: for each point of a grid of sampling params, the engine's sampler draws N tokens from the
-  engine's logits row in a mixed batch (greedy rows interleaved); the counts pass a chi-square test and a support
-  check against :func:`oracle.sampler.reference_distribution`, and every greedy row is the argmax. α per test
-  is the family budget (1e-3 per run) split by Bonferroni over the run's statistical tests.
+* **sampling**: for each point of a grid of sampling params (two placed on the boundaries where filter semantics
+  differ, see :func:`boundary_cases`), the engine's sampler draws N tokens from the engine's logits row in mixed
+  batches (greedy rows interleaved); the counts pass a chi-square test and a support check against
+  :func:`oracle.sampler.reference_distribution`, and every greedy row is the argmax. α per test is the family
+  budget (1e-3 per run) split by Bonferroni over the run's statistical tests.
+
+Logit bounds are ``rel * max(1, max |ref|)`` per engine dtype (:mod:`properties.checks`, float32: rel 5e-5).
 """
 
 from __future__ import annotations
