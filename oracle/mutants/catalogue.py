@@ -65,6 +65,7 @@ def _top_p_inclusive(self: Sampler, logits: torch.Tensor, args: BatchSamplingArg
     probs = _ORIGINAL_FILTERED_PROBS(self, logits, _only(args, top_p=None, min_p=None))
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     drop_sorted = sorted_probs.cumsum(dim=-1) >= args.top_p.unsqueeze(1)  # the bug: inclusive cumsum
+    drop_sorted &= (args.top_p < 1.0).unsqueeze(1)  # rows without top-p stay unfiltered, as in the engine
     drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
     kept = probs.log().masked_fill(drop, float("-inf"))
