@@ -39,6 +39,7 @@ import torch
 
 from engine import Engine, SamplingParams
 from engine.driver import StaticDriver
+from oracle.hf import greedy_generation_config
 
 from .common import (
     ModelChoice,
@@ -139,24 +140,10 @@ def load_hf(choice: ModelChoice, device: torch.device) -> Any:
 
 
 def hf_contender(model: Any, name: str, static_cache_len: int | None) -> Contender:
-    from transformers import GenerationConfig
-
     device = model.device
 
-    def config(n: int) -> GenerationConfig:
-        # Greedy with no logits processor: sampling knobs are None (do_sample=False ignores them anyway).
-        return GenerationConfig(
-            do_sample=False,
-            max_new_tokens=n,
-            eos_token_id=None,
-            pad_token_id=0,
-            top_k=None,
-            top_p=None,
-            temperature=None,
-            repetition_penalty=None,
-            cache_implementation="static" if static_cache_len else None,
-            max_cache_len=static_cache_len,  # one cache shape for every n: no recompile between T(n) and T(1)
-        )
+    def config(n: int) -> Any:
+        return greedy_generation_config(n, static_cache_len)
 
     prepared, _ = model._prepare_generation_config(config(2))
     if prepared.eos_token_id is not None:

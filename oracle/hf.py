@@ -48,19 +48,7 @@ class HFOracle:
         """Exactly n greedy tokens from HF generate, EOS ignored."""
         key = ("greedy", tuple(prompt), n, self.dtype)
         if key not in self._cache:
-            from transformers import GenerationConfig
-
-            config = GenerationConfig(
-                do_sample=False,
-                max_new_tokens=n,
-                min_new_tokens=None,
-                eos_token_id=None,
-                pad_token_id=0,
-                top_k=None,
-                top_p=None,
-                temperature=None,
-                repetition_penalty=None,
-            )
+            config = greedy_generation_config(n)
             out = self.model.generate(
                 self._ids(prompt), attention_mask=torch.ones_like(self._ids(prompt)), generation_config=config
             )
@@ -81,3 +69,27 @@ class HFOracle:
     def prefill_logits(self, prompt: Sequence[int]) -> torch.Tensor:
         """Logits of the token after the prompt. [vocab]."""
         return self.teacher_forced_logits(prompt)[-1]
+
+
+def greedy_generation_config(n: int, static_cache_len: int | None = None) -> Any:
+    """Exactly n greedy tokens with no logits processor: every sampling knob explicitly off, no EOS.
+
+    static_cache_len selects HF's static cache of that length (one shape for every n: no recompiles).
+    The model's own generation_config must not carry an eos_token_id either; generate() fills unset fields from it.
+    """
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=False,
+        max_new_tokens=n,
+        min_new_tokens=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        top_k=None,
+        top_p=None,
+        temperature=None,
+        repetition_penalty=None,
+        cache_implementation="static" if static_cache_len else None,
+        max_cache_len=static_cache_len,
+    )
+

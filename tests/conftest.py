@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+from oracle.hf import HFOracle
 
 TINY_ARCHS = ("qwen3", "qwen2", "llama")
 
@@ -27,3 +30,15 @@ def smollm2() -> Path:
     from oracle.zoo import smollm2_dir
 
     return smollm2_dir(progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen3(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["qwen3"]
+
+
+@pytest.fixture(scope="session")
+def oracle(qwen3: Path) -> HFOracle:
+    """HF in float32 on the tiny qwen3: the reference for tests that run the engine in float32."""
+    return HFOracle(qwen3, dtype=torch.float32)
+

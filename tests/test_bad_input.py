@@ -68,16 +68,6 @@ def _prompt(seed: int, length: int) -> list[int]:
     return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture(scope="module")
-def qwen3(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["qwen3"]
-
-
-@pytest.fixture(scope="module")
-def oracle(qwen3: Path) -> HFOracle:
-    return HFOracle(qwen3, dtype=torch.float32)
-
-
 @pytest.fixture
 def engine(qwen3: Path) -> Iterator[Engine]:
     eng = Engine(

@@ -53,16 +53,6 @@ def _engine(model: Path, page_size: int = 2) -> Engine:
     return Engine(config, sampler_seed=0)
 
 
-@pytest.fixture(scope="module")
-def qwen3(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["qwen3"]
-
-
-@pytest.fixture(scope="module")
-def oracle(qwen3: Path) -> HFOracle:
-    return HFOracle(qwen3, dtype=torch.float32)
-
-
 def _in_layer(engine: Engine, mp: pytest.MonkeyPatch) -> None:
     layer = engine.model.model.layers[1]
     mp.setattr(layer, "forward", fail_once(layer.forward))
