@@ -75,7 +75,7 @@ class PageAllocator:
 
 
 @dataclass
-class Sequence_:
+class RequestState:
     """The driver's view of one request: its Req plus pages, outputs and prefill chunking."""
 
     req: Req
@@ -118,8 +118,8 @@ class StaticDriver:
         self.free_rows: deque[int] = deque(range(engine.config.max_running_req))
         self.record_logits = record_logits
         self.max_prefill_tokens = max_prefill_tokens
-        self.running: dict[int, Sequence_] = {}
-        self.finished: dict[int, Sequence_] = {}
+        self.running: dict[int, RequestState] = {}
+        self.finished: dict[int, RequestState] = {}
         self._next_uid = 0
 
     # ---- request lifecycle -------------------------------------------------------------------------------
@@ -156,10 +156,10 @@ class StaticDriver:
         uid = self._next_uid
         self._next_uid += 1
         req = Req(ids, self.free_rows.popleft(), 0, params.max_tokens, uid, params)
-        self.running[uid] = Sequence_(req, reserved_pages=pages, chunks=deque(chunk_sizes))
+        self.running[uid] = RequestState(req, reserved_pages=pages, chunks=deque(chunk_sizes))
         return uid
 
-    def _finish(self, seq: Sequence_, reason: str) -> None:
+    def _finish(self, seq: RequestState, reason: str) -> None:
         seq.finished = True
         seq.finish_reason = reason
         self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
@@ -175,7 +175,7 @@ class StaticDriver:
         self._finish(self.running[uid], "abort")
 
     # ---- pages ----------------------------------------------------------------------------------------------
-    def _grow(self, seq: Sequence_, upto: int) -> bool:
+    def _grow(self, seq: RequestState, upto: int) -> bool:
         """Give seq one more page if slots [0, upto) need it; returns whether a page was added."""
         if len(seq.pages) * self.page_size >= upto:
             return False
@@ -189,7 +189,7 @@ class StaticDriver:
         )
         return True
 
-    def _map_pages(self, seqs: list[Sequence_], upto: list[int]) -> None:
+    def _map_pages(self, seqs: list[RequestState], upto: list[int]) -> None:
         if self.layout.kind == "interleaved":
             grew = True
             while grew:  # one page per request per round: their pages alternate in memory
@@ -202,7 +202,7 @@ class StaticDriver:
                     pass
 
     # ---- stepping -------------------------------------------------------------------------------------------
-    def _prefill_targets(self) -> list[tuple[Sequence_, int]]:
+    def _prefill_targets(self) -> list[tuple[RequestState, int]]:
         """Requests still prefilling, with the device_len each reaches this step (chunks and budget apply)."""
         budget = self.max_prefill_tokens
         out = []
