@@ -41,6 +41,7 @@ class BatchSamplingArgs:
     greedy: torch.Tensor  # bool [bs]
     temperature: torch.Tensor  # float32 [bs]; 1.0 on greedy rows, never read there
     top_k: torch.Tensor | None  # int64 [bs], vocab on rows without top-k; None when no row uses it
+    top_k_max: int  # the largest k below vocab that a sampled row asks for (0 when top_k is None)
     top_p: torch.Tensor | None  # float32 [bs]
     min_p: torch.Tensor | None  # float32 [bs]
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
@@ -96,19 +97,16 @@ class Sampler:
                 host = host.pin_memory()  # a non_blocking copy is only asynchronous from pinned memory
             return host.to(self.device, non_blocking=True)
 
-        use_k = any(p.top_k != -1 for p, g in zip(params, greedy) if not g)
+        ks = [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params]
+        filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
         use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
         return BatchSamplingArgs(
             all_greedy=all_greedy,
             greedy=to_dev(greedy, torch.bool),
             temperature=to_dev([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
-            top_k=to_dev(
-                [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params],
-                torch.int64,
-            )
-            if use_k
-            else None,
+            top_k=to_dev(ks, torch.int64) if filtering_ks else None,
+            top_k_max=max(filtering_ks, default=0),
             top_p=to_dev([p.top_p for p in params], torch.float32) if use_p else None,
             min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
             row_seeds=[
@@ -198,8 +196,10 @@ class Sampler:
         """The probability vector each sampled row draws from (float32)."""
         logits = logits / args.temperature.unsqueeze(1)
         if args.top_k is not None:
-            sorted_logits = logits.sort(dim=-1, descending=True).values
-            kth = sorted_logits.gather(1, (args.top_k - 1).unsqueeze(1))
+            # Only the k-th largest value matters: a topk as wide as the largest k replaces a full-vocab sort.
+            width = args.top_k_max
+            kth = logits.topk(width, dim=-1).values.gather(1, (args.top_k.clamp(max=width) - 1).unsqueeze(1))
+            kth = kth.masked_fill((args.top_k >= logits.shape[-1]).unsqueeze(1), float("-inf"))
             logits = logits.masked_fill(logits < kth, float("-inf"))
         if args.top_p is not None:
             probs = logits.softmax(dim=-1)
