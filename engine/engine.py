@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -18,6 +19,7 @@ from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
 from .device import Event, cpu_threads_for, make_device, resolve_device
 from .distributed import Comm, NullComm, TorchDistComm
+from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
@@ -42,12 +44,9 @@ class Engine:
         self._saved_threads: int | None = None
         # 1. TP info
         self.tp_info = config.tp_info
-        if self.tp_info.size > 1:
-            raise ConfigError(
-                f"tp_info.size={self.tp_info.size}: tensor parallelism is not supported yet (weights are not "
-                "sharded); use TPInfo(rank=0, size=1)"
-            )
         model_config = config.model_config  # parse early: a bad model dir fails before anything is allocated
+        # This rank's share of the heads and the MLP (the whole model when TP size is 1).
+        local_config = shard_config(model_config, self.tp_info)
         # 2. device, stream, CPU threads
         torch_device = resolve_device(config.device, self.tp_info.rank)
         self.device = make_device(torch_device)
@@ -74,10 +73,10 @@ class Engine:
         # 5. the model: built on the meta device (no allocation), then materialized and filled
         model_cls = get_model_class(model_config.architecture)
         with torch.device("meta"):
-            model = model_cls(model_config, moe_backend).to(self.dtype)
+            model = model_cls(local_config, moe_backend).to(self.dtype)
         model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         bytes_per_page = KVCachePool.bytes_per_page(
-            model_config.num_layers, config.page_size, model_config.num_kv_heads, model_config.head_dim, self.dtype
+            model_config.num_layers, config.page_size, local_config.num_kv_heads, model_config.head_dim, self.dtype
         )
         needs = {
             "weights": model_bytes,
@@ -91,7 +90,10 @@ class Engine:
         if config.use_dummy_weight:
             fill_dummy_weights(model)
         else:
-            load_weights(model, config.model_path, model_config.tie_word_embeddings)
+            shard = None if self.tp_info.size == 1 else partial(shard_tensor, tp=self.tp_info)
+            load_weights(model, config.model_path, model_config.tie_word_embeddings, shard)
+        if self.tp_info.size > 1:
+            install_all_reduce(model, self.comm)
         model.init_rotary(self.max_seq_len, torch_device)
         self.model = model.eval()
         # 6. KV pool
@@ -110,7 +112,7 @@ class Engine:
             model_config.num_layers,
             self.num_pages,
             config.page_size,
-            model_config.num_kv_heads,
+            local_config.num_kv_heads,
             model_config.head_dim,
             self.dtype,
             torch_device,
@@ -127,7 +129,7 @@ class Engine:
         )
         # 8. attention backend (its name was checked before anything was allocated)
         self.attn_backend = create_backend(
-            backend_name, self.kv_cache, self.page_table, model_config.num_qo_heads, torch_device
+            backend_name, self.kv_cache, self.page_table, local_config.num_qo_heads, torch_device
         )
         self.ctx = Context(config.page_size, self.page_table, self.kv_cache, self.attn_backend)
         # 9. sampler

@@ -38,9 +38,11 @@ class TorchDistComm:
             world_size=size,
             timeout=timedelta(seconds=timeout_s),
         )
+        # NCCL reduces device tensors only; gloo host tensors.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     def min_int(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64)
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
 

@@ -7,6 +7,7 @@ and every parameter must be filled; otherwise ModelLoadError names the tensor.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -68,7 +69,13 @@ def safetensors_files(model_path: str | Path) -> list[Path]:
     return files
 
 
-def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool) -> None:
+def load_weights(
+    model: nn.Module,
+    model_path: str | Path,
+    tied_embeddings: bool,
+    shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+) -> None:
+    """shard: maps a checkpoint tensor to this rank's slice of it (tensor parallelism); None keeps it whole."""
     params = dict(model.named_parameters())
     # param → the shards that still need a value; a whole tensor (shard None) fills every shard at once.
     pending = {pname: _shards(model, pname) for pname in params}
@@ -86,7 +93,10 @@ def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool
                         raise ModelLoadError(
                             f"unexpected tensor {name!r} in {path.name}: the architecture has no such weight"
                         )
-                    _copy_tensor(model, params[pname], pname, target_shard, name, f.get_tensor(name))
+                    value = f.get_tensor(name)
+                    if shard is not None:
+                        value = shard(name, value)
+                    _copy_tensor(model, params[pname], pname, target_shard, name, value)
                     left = pending.get(pname, set())
                     left.discard(target_shard)
                     if target_shard is None or not left:

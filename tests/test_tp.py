@@ -1,0 +1,82 @@
+"""Tensor parallelism on CPU: two gloo ranks hold half the heads and half the MLP each, and must produce the
+same logits (within fp32 reassociation of the row-parallel sums) and the same greedy tokens as one rank."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from engine import ConfigError, Engine, EngineConfig, SamplingParams, TPInfo
+from engine.driver import StaticDriver
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8], [1, 6, 1, 8, 0, 3, 3, 9, 8, 8, 7]]
+PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
+# Splitting a sum over ranks changes fp32 rounding only: ~1e-6 observed, 1e-4 is the suite's fp32 parity bound.
+LOGIT_TOL = 1e-4
+
+
+def _config(model: Path, tp: TPInfo, port: int = 0) -> EngineConfig:
+    return EngineConfig(
+        str(model), tp_info=tp, device="cpu", page_size=4, num_page_override=64, distributed_port=port
+    )
+
+
+def _generate(engine: Engine) -> list[tuple[list[int], torch.Tensor]]:
+    gens = StaticDriver(engine, record_logits=True).generate(PROMPTS, PARAMS)
+    return [(g.output_ids, torch.stack(g.logits)) for g in gens]
+
+
+def _qkv_rows(engine: Engine) -> int:
+    return engine.model.get_parameter("model.layers.0.self_attn.qkv_proj.weight").shape[0]
+
+
+def _rank_main(rank: int, model: str, port: int, out: mp.Queue) -> None:
+    engine = Engine(_config(Path(model), TPInfo(rank, 2), port), sampler_seed=0)
+    shapes = (engine.kv_cache.num_kv_heads, _qkv_rows(engine))
+    out.put((rank, shapes, _generate(engine)))
+    engine.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_two_ranks_match_one(arch: str, tiny_models: dict[str, Path]) -> None:
+    model = tiny_models[arch]
+    single = Engine(_config(model, TPInfo()), sampler_seed=0)
+    expected = _generate(single)
+    full_qkv = _qkv_rows(single)
+    single.shutdown()
+
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, str(model), port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    for _ in procs:
+        rank, shapes, gens = queue.get(timeout=180)
+        results[rank] = (shapes, gens)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for rank, ((kv_heads, qkv_rows), gens) in results.items():
+        assert kv_heads == 1 and qkv_rows == full_qkv // 2, f"rank {rank} does not hold half the heads"
+        for (tokens, logits), (want_tokens, want_logits) in zip(gens, expected):
+            assert tokens == want_tokens
+            err = (logits - want_logits).abs().max().item()
+            assert err < LOGIT_TOL, f"rank {rank}: max |Δlogit| = {err}"
+
+
+def test_tp_size_must_divide_the_heads(tiny_models: dict[str, Path]) -> None:
+    model = tiny_models["llama"]  # 4 query heads, 2 KV heads
+    with pytest.raises(ConfigError, match="num_key_value_heads=2"):
+        Engine(_config(model, TPInfo(0, 4)))
