@@ -17,6 +17,7 @@ import torch
 
 from engine import Engine, EngineConfig, Req, SamplingParams
 from engine.core import Batch
+from engine.device import flashinfer_installed
 from engine.sample import Sampler
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -25,12 +26,6 @@ GPU_SHAPE = "qwen3-0.6b"
 
 def has_cuda() -> bool:
     return torch.cuda.is_available()
-
-
-def has_flashinfer() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 def synchronize(device: torch.device) -> None:
@@ -205,7 +200,7 @@ def mixed_batch(bs: int) -> Batch:
 
 def make_sampler(impl: str, device: torch.device, vocab: int) -> Sampler | None:
     """The engine's sampler on its torch or its FlashInfer path; None when that path cannot run here."""
-    if impl == "flashinfer" and (device.type != "cuda" or not has_flashinfer()):
+    if impl == "flashinfer" and (device.type != "cuda" or not flashinfer_installed()):
         return None
     if "use_flashinfer" not in inspect.signature(Sampler).parameters:
         return Sampler(device, vocab, seed=0) if impl == "torch" else None

@@ -5,6 +5,7 @@ On CPU, NullStream and NullEvent stand in for CUDA's, which makes every "async" 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -70,8 +71,17 @@ class Device:
             return int(free)
         return available_host_memory()
 
-    def pin_memory(self) -> bool:
-        return self.is_cuda
+
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host to device; from pinned memory on CUDA, so the copy is asynchronous."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def flashinfer_installed() -> bool:
+    """Whether the optional flashinfer package can be imported (it is never imported to find out)."""
+    return importlib.util.find_spec("flashinfer") is not None
 
 
 def resolve_device(name: str, tp_rank: int = 0) -> torch.device:

@@ -17,7 +17,7 @@ import torch
 from .attention import create_backend, resolve_backend_name
 from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
-from .device import Event, cpu_threads_for, make_device, resolve_device
+from .device import Event, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineClosedError
@@ -186,18 +186,14 @@ class Engine:
             positions.append(span)
             rows.append(torch.full_like(span, req.table_idx))
             cols.append(span)
-        pin = self.device.pin_memory()
         dev = self.device.torch_device
 
-        def upload(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-            host = torch.cat(parts).to(dtype)
-            if pin:
-                host = host.pin_memory()
-            return host.to(dev, non_blocking=True)
+        def cat_upload(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+            return upload(torch.cat(parts).to(dtype), dev)
 
-        batch.input_ids = upload(ids, torch.int32)
-        batch.positions = upload(positions, torch.int64)
-        batch.out_loc = self.page_table[upload(rows, torch.int64), upload(cols, torch.int64)]
+        batch.input_ids = cat_upload(ids, torch.int32)
+        batch.positions = cat_upload(positions, torch.int64)
+        batch.out_loc = self.page_table[cat_upload(rows, torch.int64), cat_upload(cols, torch.int64)]
         self.attn_backend.prepare_metadata(batch)
         return batch, self.sampler.prepare(batch)
 

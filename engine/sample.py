@@ -20,13 +20,13 @@ rows, run again without the bad ones, get the same tokens as before. No row ever
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .core import Batch, Req
+from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
@@ -72,7 +72,7 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        usable = device.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+        usable = device.type == "cuda" and flashinfer_installed()
         if use_flashinfer and not usable:
             raise ConfigError("FlashInfer sampling needs a CUDA device and the flashinfer package (see docs/gpu.md)")
         self.use_flashinfer = usable if use_flashinfer is None else use_flashinfer
@@ -92,10 +92,7 @@ class Sampler:
         all_greedy = all(greedy)
 
         def to_dev(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
-            host = torch.tensor(values, dtype=dtype)
-            if self.device.type == "cuda":
-                host = host.pin_memory()  # a non_blocking copy is only asynchronous from pinned memory
-            return host.to(self.device, non_blocking=True)
+            return upload(torch.tensor(values, dtype=dtype), self.device)
 
         ks = [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params]
         filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]

@@ -16,7 +16,6 @@ earlier batch's schedule; each plan records an event and the next plan of the sa
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from ..core import Batch, Req
+from ..device import flashinfer_installed, upload
 from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -36,10 +36,6 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # (prefill) kernels, which take every group size.
 CUDA_CORE_DECODE_GROUPS = (1, 2, 4, 8)
 WORKSPACE_BYTES = 128 * 1024 * 1024
-
-
-def flashinfer_installed() -> bool:
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -87,13 +83,6 @@ def build_paged_kv_index(reqs: Sequence[Req], page_size: int, row_width: int) ->
         (kv_lens - (pages - 1) * page_size).to(torch.int32),
         page_starts,
     )
-
-
-def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host to device; from pinned memory on CUDA, so the copy is asynchronous."""
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def kv_page_ids(page_table: torch.Tensor, page_starts: torch.Tensor, page_size: int) -> torch.Tensor:
