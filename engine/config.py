@@ -8,6 +8,7 @@ from functools import cached_property
 
 import torch
 
+from .core import is_plain_int, is_plain_number
 from .distributed.info import TPInfo
 from .errors import ConfigError
 from .models.config import ModelConfig
@@ -46,7 +47,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         def positive_int(name: str, value: object) -> None:
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_plain_int(value) or value <= 0:
                 raise ConfigError(f"{name}={value!r} is invalid: use an int >= 1")
 
         if not isinstance(self.model_path, (str, os.PathLike)):
@@ -66,7 +67,7 @@ class EngineConfig:
             for bs in self.cuda_graph_bs:
                 positive_int("cuda_graph_bs entry", bs)
         ratio = self.memory_ratio
-        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not (0 < ratio <= 1):
+        if not is_plain_number(ratio) or not (0 < ratio <= 1):
             raise ConfigError(f"memory_ratio={ratio!r} is invalid: use a number in (0, 1]")
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(_DTYPES)}")

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import torch
 
@@ -22,7 +22,13 @@ Phase = Literal["prefill", "decode"]
 _FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
-def _is_real(x: object) -> bool:
+def is_plain_int(x: object) -> TypeGuard[int]:
+    """A Python int, not a bool (True would otherwise pass as 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_plain_number(x: object) -> TypeGuard[float]:
+    """A Python int or float, not a bool."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -44,7 +50,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if not _is_real(t) or not math.isfinite(t) or t < 0:
+        if not is_plain_number(t) or not math.isfinite(t) or t < 0:
             raise InvalidRequestError(
                 f"temperature={t!r} is invalid: use a finite number >= 0 (0 means greedy)"
             )
@@ -53,21 +59,21 @@ class SamplingParams:
                 f"temperature={t!r} is invalid: a nonzero temperature must be >= {_FLOAT32_TINY:.4g}; use 0 for greedy"
             )
         k = self.top_k
-        if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
+        if not is_plain_int(k) or k == 0 or k < -1:
             raise InvalidRequestError(f"top_k={k!r} is invalid: use an int >= 1, or -1 to disable top-k")
         p = self.top_p
-        if not _is_real(p) or not (0 < p <= 1):
+        if not is_plain_number(p) or not (0 < p <= 1):
             raise InvalidRequestError(f"top_p={p!r} is invalid: use a number in (0, 1] (1 disables top-p)")
         m = self.min_p
-        if not _is_real(m) or not (0 <= m <= 1):
+        if not is_plain_number(m) or not (0 <= m <= 1):
             raise InvalidRequestError(f"min_p={m!r} is invalid: use a number in [0, 1] (0 disables min-p)")
         n = self.max_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        if not is_plain_int(n) or n <= 0:
             raise InvalidRequestError(f"max_tokens={n!r} is invalid: use an int >= 1")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos={self.ignore_eos!r} is invalid: use True or False")
         s = self.seed
-        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or not (0 <= s < 2**63)):
+        if s is not None and (not is_plain_int(s) or not (0 <= s < 2**63)):
             raise InvalidRequestError(f"seed={s!r} is invalid: use an int in [0, 2**63) or None")
 
     @property
