@@ -16,6 +16,11 @@
 3. Offline workload (GPU), shaped like nano-vllm's bench: 256 requests, random token ids, input and output
    lengths U(100, 1024), EOS ignored, seed 0, through the static driver with a prefill token budget. Reports
    total output tokens/s.
+
+HF static+compile runs in a persistent child process of its own (--isolate NAMES picks which HF contenders do):
+once its compiled CUDA graph trees had run in this process, the engine's next B=64 call on an H200 died with an
+illegal memory access, which the engine alone never did. The child times each call itself, as timed_both does,
+and the rounds stay interleaved across the two processes.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ import argparse
 import datetime
 import gc
 import json
+import multiprocessing
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -79,21 +88,35 @@ class Plan:
         return Plan((1, 8), 64, 32, 5, 0, 0)
 
 
+Prompts = list[list[int]]
+Generate = Callable[[Prompts, int], Prompts]  # (prompts, n) -> the n new tokens of each prompt
+Timed = tuple[float, float, Prompts]  # wall seconds, process-CPU seconds, new tokens of one call
+
+
 @dataclass
 class Contender:
     name: str
-    run: Callable[[list[list[int]], int], list[list[int]]]  # (prompts, n) -> new tokens of each prompt
+    run: Callable[[Prompts, int], Timed]  # one call, timed (device drained before and after) where it runs
     # Per round: wall and process-CPU seconds of a call making n tokens, and of one making 1 token.
     t_n: list[float] = field(default_factory=list)
     t_1: list[float] = field(default_factory=list)
     c_n: list[float] = field(default_factory=list)
     c_1: list[float] = field(default_factory=list)
 
-    def measure(self, prompts: list[list[int]], n: int, device: torch.device) -> None:
+    def measure(self, prompts: Prompts, n: int) -> None:
         for k, wall, cpu in ((n, self.t_n, self.c_n), (1, self.t_1, self.c_1)):
-            w, c = timed_both(partial(self.run, prompts, k), device)
+            w, c, _ = self.run(prompts, k)
             wall.append(w)
             cpu.append(c)
+
+
+def timed_generate(generate: Generate, device: torch.device) -> Callable[[Prompts, int], Timed]:
+    def run(prompts: Prompts, n: int) -> Timed:
+        out: Prompts = []
+        wall, cpu = timed_both(lambda: out.extend(generate(prompts, n)), device)
+        return wall, cpu, out
+
+    return run
 
 
 @dataclass
@@ -113,12 +136,12 @@ class GridRow:
 def engine_contender(engine: Engine, name: str, use_graphs: bool) -> Contender:
     driver = StaticDriver(engine)  # reused across calls: finished requests give their rows and pages back
 
-    def run(prompts: list[list[int]], n: int) -> list[list[int]]:
+    def generate(prompts: Prompts, n: int) -> Prompts:
         with graphs(engine, use_graphs):
             gens = driver.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
         return [g.output_ids for g in gens]
 
-    return Contender(name, run)
+    return Contender(name, timed_generate(generate, engine.device.torch_device))
 
 
 def load_hf(choice: ModelChoice, device: torch.device) -> Any:
@@ -139,7 +162,7 @@ def load_hf(choice: ModelChoice, device: torch.device) -> Any:
     return model.eval()
 
 
-def hf_contender(model: Any, name: str, static_cache_len: int | None) -> Contender:
+def hf_generate(model: Any, static_cache_len: int | None) -> Generate:
     device = model.device
 
     def config(n: int) -> Any:
@@ -149,18 +172,100 @@ def hf_contender(model: Any, name: str, static_cache_len: int | None) -> Contend
     if prepared.eos_token_id is not None:
         raise RuntimeError(f"HF generate would stop at EOS {prepared.eos_token_id}; the grid needs exactly n tokens")
 
-    def run(prompts: list[list[int]], n: int) -> list[list[int]]:
+    def generate(prompts: Prompts, n: int) -> Prompts:
         ids = torch.tensor(prompts, dtype=torch.long, device=device)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config(n))
         if out.shape[1] != ids.shape[1] + n:
             raise RuntimeError(f"HF generate made {out.shape[1] - ids.shape[1]} tokens, not {n}")
         return out[:, ids.shape[1] :].tolist()
 
-    return Contender(name, run)
+    return generate
+
+
+class IsolatedHF:
+    """One HF contender in a persistent child process, served over a pipe: (prompts, n) -> Timed, timed there.
+
+    "spawn" so the child starts with a fresh CUDA context and nothing compiled: the point is that whatever
+    torch.compile's CUDA graph trees do to a process's CUDA state stays in the child.
+    """
+
+    def __init__(self, choice: ModelChoice, device: torch.device, name: str, static_cache_len: int | None) -> None:
+        self.name = name
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        # This process's thread count (the engine's choice, while it lives): CPU contenders get the same cores.
+        args = (child_conn, choice, device, static_cache_len, torch.get_num_threads())
+        self.proc = ctx.Process(target=serve_hf, args=args, name=f"compare: {name}", daemon=True)
+        self.proc.start()
+        child_conn.close()  # only the child holds its end now, so its death reads as EOF here
+        try:
+            self._receive()  # the model is loaded (or loading failed)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, prompts: Prompts, n: int) -> Timed:
+        with suppress(OSError):  # the child is gone; _receive says why
+            self.conn.send((prompts, n))
+        result: Timed = self._receive()
+        return result
+
+    def _receive(self) -> Any:
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(timeout=10)
+            raise RuntimeError(f"{self.name}: its child process died (exit code {self.proc.exitcode})") from None
+        if status == "error":
+            raise RuntimeError(f"{self.name}: its child process failed:\n{payload}")
+        return payload
+
+    def close(self) -> None:
+        with suppress(OSError):
+            self.conn.send(None)
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+        self.conn.close()
+
+    def __enter__(self) -> IsolatedHF:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_hf(
+    conn: Connection, choice: ModelChoice, device: torch.device, static_cache_len: int | None, threads: int
+) -> None:
+    """The child's loop: load as load_hf does, then answer each (prompts, n) with Timed until None arrives.
+
+    Any exception goes back as its traceback text and ends the child: after a CUDA error its context is unusable.
+    """
+    try:
+        torch.set_num_threads(threads)
+        generate = hf_generate(load_hf(choice, device), static_cache_len)
+        run = timed_generate(generate, device)
+        conn.send(("ok", None))
+        while (request := conn.recv()) is not None:
+            conn.send(("ok", run(*request)))
+    except Exception:
+        with suppress(OSError):  # the parent may be gone already
+            conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
 
 
 # ---- 1. controlled grid -------------------------------------------------------------------------------------------
-def run_grid(choice: ModelChoice, device: torch.device, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+def run_grid(
+    choice: ModelChoice,
+    device: torch.device,
+    plan: Plan,
+    log: Callable[[str], None],
+    isolate: frozenset[str] = frozenset({HF_STATIC}),
+) -> dict[str, Any]:
+    """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here."""
     cuda = device.type == "cuda"
     max_b, n = max(plan.batch_sizes), plan.new_tokens
     engine = build_engine(
@@ -177,44 +282,53 @@ def run_grid(choice: ModelChoice, device: torch.device, plan: Plan, log: Callabl
         contenders.append(engine_contender(engine, ENGINE_GRAPHS, use_graphs=True))
     elif cuda:
         log("engine: no CUDA graphs were captured; the cuda-graphs row is left out")
-    hf = load_hf(choice, device)
-    contenders.append(hf_contender(hf, HF_EAGER, None))
-    if cuda:
-        contenders.append(hf_contender(hf, HF_STATIC, plan.prompt_len + n))
+    hf_plan = [(HF_EAGER, None)] + ([(HF_STATIC, plan.prompt_len + n)] if cuda else [])
+    hf = None
+    if any(name not in isolate for name, _ in hf_plan):
+        hf = load_hf(choice, device)
     rows: list[GridRow] = []
     agreement: dict[str, dict[int, float]] = {}
-    for b in plan.batch_sizes:
-        prompts = random_prompts(b, plan.prompt_len, vocab, seed=b)
-        outputs: dict[str, list[list[int]]] = {}
-        for c in contenders:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
-            for times in (c.t_n, c.t_1, c.c_n, c.c_1):
-                times.clear()
-            outputs[c.name] = c.run(prompts, n)
-            c.run(prompts, 1)
-        for r in range(plan.repeats):
+    with ExitStack() as children:  # closes every child, also when a call raises
+        for name, static_cache_len in hf_plan:
+            if name in isolate:
+                child = children.enter_context(IsolatedHF(choice, device, name, static_cache_len))
+                log(f"{name}: runs in child process {child.proc.pid}")
+                contenders.append(Contender(name, child.run))
+            else:
+                contenders.append(Contender(name, timed_generate(hf_generate(hf, static_cache_len), device)))
+        for b in plan.batch_sizes:
+            prompts = random_prompts(b, plan.prompt_len, vocab, seed=b)
+            outputs: dict[str, Prompts] = {}
+            for c in contenders:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
+                for times in (c.t_n, c.t_1, c.c_n, c.c_1):
+                    times.clear()
+                outputs[c.name] = c.run(prompts, n)[2]
+                c.run(prompts, 1)
+            for r in range(plan.repeats):
+                for c in contenders:
+                    c.measure(prompts, n)
+                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s" for c in contenders)
+                log(f"B={b} round {r + 1}/{plan.repeats}: {walls}")
             for c in contenders:
-                c.measure(prompts, n, device)
-            log(f"B={b} round {r + 1}/{plan.repeats}: " + ", ".join(f"{c.name} {c.t_n[-1]:.3f}s" for c in contenders))
-        for c in contenders:
-            rows.append(
-                GridRow(
-                    b,
-                    c.name,
-                    statistics.median(b * n / t for t in c.t_n),
-                    statistics.median(step_ms(tn, t1, n) for tn, t1 in zip(c.t_n, c.t_1)),
-                    statistics.median(step_ms(tn, t1, n) for tn, t1 in zip(c.c_n, c.c_1)),
-                    list(c.t_n),
-                    list(c.t_1),
-                    list(c.c_n),
-                    list(c.c_1),
+                rows.append(
+                    GridRow(
+                        b,
+                        c.name,
+                        statistics.median(b * n / t for t in c.t_n),
+                        statistics.median(step_ms(tn, t1, n) for tn, t1 in zip(c.t_n, c.t_1)),
+                        statistics.median(step_ms(tn, t1, n) for tn, t1 in zip(c.c_n, c.c_1)),
+                        list(c.t_n),
+                        list(c.t_1),
+                        list(c.c_n),
+                        list(c.c_1),
+                    )
                 )
-            )
-        # Checks that the contenders computed the same thing: greedy tokens of HF and the engine (only with the
-        # same real weights; near-ties in the logits may differ), and of graph replay against eager.
-        checks = [(ENGINE_GRAPHS, ENGINE_EAGER)] + ([] if choice.dummy else [(ENGINE_EAGER, HF_EAGER)])
-        for a, ref in checks:
-            if a in outputs:
-                agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
+            # Checks that the contenders computed the same thing: greedy tokens of HF and the engine (only with the
+            # same real weights; near-ties in the logits may differ), and of graph replay against eager.
+            checks = [(ENGINE_GRAPHS, ENGINE_EAGER)] + ([] if choice.dummy else [(ENGINE_EAGER, HF_EAGER)])
+            for a, ref in checks:
+                if a in outputs:
+                    agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
     ratios = grid_ratios(contenders_by_batch(rows), n)
     engine_info = {
         "weight_bytes_read": weight_bytes_read(engine),
@@ -228,7 +342,13 @@ def run_grid(choice: ModelChoice, device: torch.device, plan: Plan, log: Callabl
         torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    return {"rows": [asdict(r) for r in rows], "ratios": ratios, "greedy_agreement": agreement, "engine": engine_info}
+    return {
+        "rows": [asdict(r) for r in rows],
+        "ratios": ratios,
+        "greedy_agreement": agreement,
+        "engine": engine_info,
+        "isolated": [name for name, _ in hf_plan if name in isolate],
+    }
 
 
 def same_tokens(a: list[list[int]], b: list[list[int]]) -> float:
@@ -453,7 +573,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=lambda s: tuple(int(x) for x in s.split(",")), help="e.g. 1,8")
     parser.add_argument("--repeats", type=int, help="interleaved rounds per batch size")
     parser.add_argument("--sections", default="grid,roofline,offline", help="comma list of grid,roofline,offline")
+    parser.add_argument(
+        "--isolate",
+        metavar="NAMES",
+        default=HF_STATIC,
+        type=lambda s: frozenset(x.strip() for x in s.split(",") if x.strip()),
+        help=f'comma list of HF contenders ("{HF_EAGER}", "{HF_STATIC}") to run in a child process each '
+        f'(default "{HF_STATIC}"; "" for none)',
+    )
     args = parser.parse_args(argv)
+    if not args.isolate <= {HF_EAGER, HF_STATIC}:
+        parser.error(f"--isolate takes only {HF_EAGER!r} and {HF_STATIC!r}, not {sorted(args.isolate)}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA GPU is visible")
@@ -478,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": str(choice.dtype).removeprefix("torch."),
             "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
-            "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.compare", *(argv or sys.argv[1:])]),
+            "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.compare", *(argv or sys.argv[1:])]),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "plan": asdict(plan),
         }
@@ -490,7 +620,9 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(result, indent=2, default=str))
 
     if "grid" in sections or "roofline" in sections:
-        result["grid"] = run_grid(choice, device, plan, log)
+        grid = run_grid(choice, device, plan, log, args.isolate)
+        result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
+        result["grid"] = grid
         save()
     if device.type == "cuda" and "roofline" in sections:
         bandwidth = measure_bandwidth(device)

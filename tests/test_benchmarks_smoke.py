@@ -2,7 +2,8 @@
 
 No time is asserted (speed lives in the benchmarks); what is checked is that both sides ran the same work: each
 contender made exactly n tokens per request (compare.py raises otherwise), and with the same real weights the
-engine's greedy tokens equal HF generate's token for token (the tiny models have no near-ties).
+engine's greedy tokens equal HF generate's token for token (the tiny models have no near-ties). The same holds
+with HF eager in a child process of its own (--isolate), as HF static+compile runs on GPU.
 """
 
 from __future__ import annotations
@@ -10,23 +11,45 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
-from benchmarks.compare import ENGINE_EAGER, HF_EAGER, Plan, main
+from benchmarks.common import model_for
+from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
 
 
-def test_compare_grid_runs_the_same_work_on_both_sides(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolated", [[], [HF_EAGER]], ids=["in-process", "isolated"])
+def test_compare_grid_runs_the_same_work_on_both_sides(
+    tiny_models: dict[str, Path], tmp_path: Path, isolated: list[str]
+) -> None:
     out = tmp_path / "compare.json"
-    assert main(["--device", "cpu", "--quick", "--model", str(tiny_models["qwen3"]), "--json", str(out)]) == 0
+    args = ["--device", "cpu", "--quick", "--model", str(tiny_models["qwen3"]), "--json", str(out)]
+    # Without --isolate only HF static+compile is isolated, and it runs on GPU alone.
+    assert main(args + (["--isolate", ",".join(isolated)] if isolated else [])) == 0
     result = json.loads(out.read_text())
+    assert result["meta"]["isolated"] == isolated
     plan = Plan.for_device(torch.device("cpu"), quick=True)
     assert result["meta"]["plan"]["batch_sizes"] == list(plan.batch_sizes)
     grid = result["grid"]
     expected = {(b, m) for b in plan.batch_sizes for m in (ENGINE_EAGER, HF_EAGER)}
     assert {(r["batch"], r["method"]) for r in grid["rows"]} == expected
     assert grid["greedy_agreement"] == {f"{ENGINE_EAGER} = {HF_EAGER}": {str(b): 1.0 for b in plan.batch_sizes}}
-    for row in grid["rows"]:
+    for row in grid["rows"]:  # an isolated contender's times were measured in its child and sent back
         assert len(row["t_n_s"]) == plan.repeats and row["tokens_per_s"] > 0
+        assert all(t > 0 for key in ("t_n_s", "t_1_s", "cpu_n_s", "cpu_1_s") for t in row[key])
     pairs = {(q["batch"], q["a"], q["b"]) for q in grid["ratios"]}
     assert pairs == {(b, ENGINE_EAGER, HF_EAGER) for b in plan.batch_sizes}
     assert "roofline" not in result and "offline" not in result  # GPU-only sections
+
+
+def test_an_isolated_contender_that_fails_raises_with_the_childs_traceback(tiny_models: dict[str, Path]) -> None:
+    cpu = torch.device("cpu")
+    with IsolatedHF(model_for(cpu, str(tiny_models["qwen3"])), cpu, HF_EAGER, None) as child:
+        wall, cpu_s, tokens = child.run([[1, 2, 3]], 2)
+        assert wall > 0 and cpu_s > 0 and len(tokens[0]) == 2
+        with pytest.raises(RuntimeError, match=f"{HF_EAGER}: its child process failed") as failed:
+            child.run([[10**9]], 2)  # no such token: the embedding lookup raises in the child
+        assert "Traceback" in str(failed.value) and "IndexError" in str(failed.value)
+        with pytest.raises(RuntimeError, match=f"{HF_EAGER}: its child process died"):
+            child.run([[1, 2, 3]], 2)  # a failure ends the child
+    assert not child.proc.is_alive()
