@@ -33,6 +33,8 @@ class EngineConfig:
     device: str = "auto"
     max_running_req: int = 16
     attention_backend: str = "auto"
+    # Elementwise kernels of the layers: "torch" (HF's op sequence), "triton" (fused, CUDA), "auto".
+    layer_kernels: str = "auto"
     moe_backend: str = "auto"
     cuda_graph_bs: list[int] | None = None
     cuda_graph_max_bs: int | None = None
@@ -52,7 +54,7 @@ class EngineConfig:
 
         if not isinstance(self.model_path, (str, os.PathLike)):
             raise ConfigError(f"model_path={self.model_path!r} is invalid: pass the model directory as a str or Path")
-        for name in ("device", "attention_backend"):
+        for name in ("device", "attention_backend", "layer_kernels"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: use a string, e.g. 'auto'")
         positive_int("page_size", self.page_size)

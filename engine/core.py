@@ -84,10 +84,16 @@ class SamplingParams:
 class Req:
     """One request as the engine sees it.
 
-    ``input_ids`` (host, int32) holds the prompt and every token generated so far. Tokens
+    ``input_ids`` (host, int32/int64) holds the prompt and every token generated so far. Tokens
     ``[0, cached_len)`` have KV on the device; this forward pass computes ``[cached_len, device_len)``.
     A prefill chunk that stops before the end of ``input_ids`` produces no token.
+
+    Tokens appended with ``append_host`` stay Python ints until ``input_ids`` is read: a decode step then needs
+    no tensor op per request (each costs ~10 µs of host time, which at bs 64 was most of a step).
     """
+
+    _stored: torch.Tensor
+    _appended: list[int]
 
     def __init__(
         self,
@@ -110,13 +116,42 @@ class Req:
         self.max_device_len = len(input_ids) + output_len
 
     @property
+    def input_ids(self) -> torch.Tensor:
+        if self._appended:
+            extra = torch.tensor(self._appended, dtype=self._stored.dtype)
+            self._stored, self._appended = torch.cat([self._stored, extra]), []
+        return self._stored
+
+    @input_ids.setter
+    def input_ids(self, ids: torch.Tensor) -> None:
+        self._stored = ids
+        self._appended = []
+
+    @property
+    def stored_ids(self) -> torch.Tensor:
+        """The tensor behind input_ids, without the tokens appended since it was last read (for type checks)."""
+        return self._stored
+
+    @property
+    def num_tokens(self) -> int:
+        """len(input_ids), without materializing appended tokens."""
+        return len(self._stored) + len(self._appended)
+
+    def new_token_ids(self) -> list[int] | torch.Tensor:
+        """The tokens this pass computes, [cached_len, device_len): a list when they were appended as ints."""
+        base = len(self._stored)
+        if self.cached_len >= base:
+            return self._appended[self.cached_len - base : self.device_len - base]
+        return self.input_ids[self.cached_len : self.device_len]
+
+    @property
     def extend_len(self) -> int:
         return self.device_len - self.cached_len
 
     @property
     def is_partial_prefill(self) -> bool:
         """True for a prefill chunk that ends before the last known token: it yields no token."""
-        return self.device_len < len(self.input_ids)
+        return self.device_len < self.num_tokens
 
     @property
     def remain_len(self) -> int:
@@ -129,14 +164,18 @@ class Req:
         if not partial:
             self.device_len += 1
 
-    def append_host(self, next_token: torch.Tensor) -> None:
-        self.input_ids = torch.cat([self.input_ids, next_token.reshape(1).to(self.input_ids.dtype)])
+    def append_host(self, next_token: int | torch.Tensor) -> None:
+        """Append the token sampled for this request (an int, or a one-element tensor)."""
+        self._appended.append(int(next_token))
 
     def __repr__(self) -> str:
         return (
             f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
             f"device_len={self.device_len}, output_len={self.output_len})"
         )
+
+
+_EMPTY_INT32 = torch.empty(0, dtype=torch.int32)
 
 
 @dataclass
@@ -148,9 +187,10 @@ class Batch:
 
     reqs: list[Req]
     phase: Phase
-    input_ids: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
-    positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
-    out_loc: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int32))
+    # Shared empty placeholders until prepare_batch sets them (a fresh tensor each costs a torch op per batch).
+    input_ids: torch.Tensor = _EMPTY_INT32
+    positions: torch.Tensor = _EMPTY_INT32
+    out_loc: torch.Tensor = _EMPTY_INT32
     padded_reqs: list[Req] = field(default_factory=list)
     attn_metadata: BaseAttnMetadata | None = None
     # (cached_len, device_len) of each request when prepare_batch built the batch; forward_batch runs it only

@@ -73,9 +73,9 @@ class Device:
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host to device; from pinned memory on CUDA, so the copy is asynchronous."""
-    if device.type == "cuda":
-        host = host.pin_memory()
+    """Host to device without waiting for the device. CUDA stages a pageable source before the call returns, so
+    the host tensor may be freed at once; pinning it first cost ~100 µs a call on the H200 host (is_pinned and
+    the pinned copy), more than the small transfer itself."""
     return host.to(device, non_blocking=True)
 
 

@@ -2,7 +2,8 @@
 
 It owns page-table rows and KV pages, builds each batch, calls forward_batch, and appends tokens. A request
 reserves pages for its whole life (prompt + max_tokens) when it is added, so a step never runs out of pages
-halfway; which physical pages it gets is decided lazily, by the PageLayout.
+halfway; which physical pages it gets is decided lazily, by the PageLayout (a prefill maps what it writes, a
+decode step maps up to DECODE_LOOKAHEAD tokens ahead).
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from typing import Literal
 import torch
 
 from .core import Req, SamplingParams
+from .device import upload
 from .engine import Engine
 from .errors import CapacityError, ConfigError, InvalidRequestError
 from .validate import is_int, prompt_tensor
 
 LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
+# Tokens of page-table slots a decode step maps beyond the one it needs; each mapping costs a page-table write
+# (an upload and a scatter, ~0.1 ms of host time on the H200), so this batches 32 steps' worth into one.
+DECODE_LOOKAHEAD = 32
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class RequestState:
 
     @property
     def prefilling(self) -> bool:
-        return not self.output_ids and self.req.cached_len < len(self.req.input_ids)
+        return not self.output_ids and self.req.cached_len < self.req.num_tokens
 
 
 @dataclass
@@ -175,31 +180,42 @@ class StaticDriver:
         self._finish(self.running[uid], "abort")
 
     # ---- pages ----------------------------------------------------------------------------------------------
-    def _grow(self, seq: RequestState, upto: int) -> bool:
-        """Give seq one more page if slots [0, upto) need it; returns whether a page was added."""
+    def _grow(self, seq: RequestState, upto: int, writes: list[tuple[int, int, int]]) -> bool:
+        """Give seq one more page if slots [0, upto) need it, noting its page-table write; returns whether a page
+        was added."""
         if len(seq.pages) * self.page_size >= upto:
             return False
         page = self.allocator.take()
-        start = len(seq.pages) * self.page_size
+        writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, page))
         seq.pages.append(page)
-        slots = page * self.page_size + torch.arange(self.page_size, dtype=torch.int32)
-        width = min(self.page_size, self.engine.max_seq_len - start)
-        self.engine.page_table[seq.req.table_idx, start : start + width] = slots[:width].to(
-            self.engine.page_table.device
-        )
         return True
 
     def _map_pages(self, seqs: list[RequestState], upto: list[int]) -> None:
+        writes: list[tuple[int, int, int]] = []
         if self.layout.kind == "interleaved":
             grew = True
             while grew:  # one page per request per round: their pages alternate in memory
                 grew = False
                 for seq, n in zip(seqs, upto):
-                    grew |= self._grow(seq, n)
+                    grew |= self._grow(seq, n, writes)
         else:
             for seq, n in zip(seqs, upto):
-                while self._grow(seq, n):
+                while self._grow(seq, n, writes):
                     pass
+        if writes:
+            self._write_pages(writes)
+
+    def _write_pages(self, writes: list[tuple[int, int, int]]) -> None:
+        """One scatter into the page table for every page mapped this step (a write per page cost ~40 µs)."""
+        table = self.engine.page_table
+        width, ps = table.shape[1], self.page_size
+        flat, slots = [], []
+        for row, start, page in writes:
+            for offset in range(min(ps, width - start)):
+                flat.append(row * width + start + offset)
+                slots.append(page * ps + offset)
+        packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
+        table.view(-1)[packed[0]] = packed[1].to(torch.int32)
 
     # ---- stepping -------------------------------------------------------------------------------------------
     def _prefill_targets(self) -> list[tuple[RequestState, int]]:
@@ -212,7 +228,7 @@ class StaticDriver:
             if budget is not None and budget <= 0:
                 break
             req = seq.req
-            n = seq.chunks.popleft() if seq.chunks else len(req.input_ids) - req.cached_len
+            n = seq.chunks.popleft() if seq.chunks else req.num_tokens - req.cached_len
             if budget is not None:
                 if n > budget:  # take what fits now, the rest of the chunk next step
                     seq.chunks.appendleft(n - budget)
@@ -228,14 +244,14 @@ class StaticDriver:
         so step() can run again (after abort() of the requests a NonFiniteLogitsError names).
         """
         self.engine.check_open()
-        saved = [(seq, seq.req.cached_len, seq.req.device_len, deque(seq.chunks)) for seq in self.running.values()]
+        saved = [(seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in self.running.values()]
         try:
             return self._step()
         except BaseException:
             for seq, cached_len, device_len, chunks in saved:
                 if seq.req.cached_len == cached_len:  # the forward pass did not complete for it
                     seq.req.device_len = device_len
-                    seq.chunks = chunks
+                    seq.chunks = deque(chunks)
             raise
 
     def _step(self) -> dict[int, int]:
@@ -249,18 +265,24 @@ class StaticDriver:
             seqs = list(self.running.values())
         if not seqs:
             return {}
-        self._map_pages(seqs, [s.req.device_len for s in seqs])
+        if targets:
+            self._map_pages(seqs, [s.req.device_len for s in seqs])
+        else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
+            self._map_pages(
+                seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * self.page_size) for s in seqs]
+            )
         partial = [s.req.is_partial_prefill for s in seqs]
         batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
         out = self.engine.forward_batch(batch, args)
         out.copy_done_event.synchronize()
         produced: dict[int, int] = {}
         eos = set(self.engine.model_config.eos_token_ids)
+        tokens = out.next_tokens_cpu.tolist()
         for i, (seq, was_partial) in enumerate(zip(seqs, partial)):
             if was_partial:
                 continue
-            token = int(out.next_tokens_cpu[i])
-            seq.req.append_host(out.next_tokens_cpu[i])
+            token = tokens[i]
+            seq.req.append_host(token)
             seq.output_ids.append(token)
             if self.record_logits:
                 seq.logits.append(out.logits[i].detach().to("cpu", torch.float32))

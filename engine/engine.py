@@ -1,9 +1,10 @@
 """The Engine: builds everything in a fixed order and runs one forward pass per call.
 
-Init order: TP info → device/stream/context → communication (TP > 1 only) → free memory → model (meta device,
-then weights) → KV pool (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows,
-the last is the dummy row) → attention backend → sampler → graph runner → CPU threads. Every check (backend
-name, memory needed) runs before the first allocation.
+Init order: TP info → device/stream/context (attention backend and layer kernels resolved) → communication
+(TP > 1 only) → free memory → model (meta device, then weights, then its layer kernels) → KV pool
+(num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows, the last is the dummy row)
+→ attention backend → sampler → graph runner → CPU threads. Every check (backend name, memory needed) runs
+before the first allocation.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ import torch
 from .attention import create_backend, resolve_backend_name
 from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
-from .device import Event, cpu_threads_for, make_device, resolve_device, upload
+from .device import Event, cpu_threads_for, make_device, resolve_device
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
+from .layers.kernels import create_kernels, install_kernels, resolve_kernels_name
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import create_moe_backend
 from .sample import BatchSamplingArgs, Sampler
-from .validate import check_fresh, check_memory, validate_batch
+from .validate import BatchLayout, build_layout, check_fresh, check_memory, check_slots, validate_batch
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Engine:
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
         backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
         moe_backend = create_moe_backend(config.moe_backend)  # checked for every model: a typo is an error
+        kernels_name = resolve_kernels_name(config.layer_kernels, torch_device, self.dtype, model_config.head_dim)
         # 3. communication, only between several ranks
         self.comm: Comm = (
             NullComm()
@@ -117,6 +120,7 @@ class Engine:
             self.dtype,
             torch_device,
         )
+        install_kernels(model, create_kernels(kernels_name), self.kv_cache)
         # 7. page table: token-granular slots; the dummy row points only into the dummy page
         self.dummy_row = config.max_running_req
         self.page_table = torch.zeros(
@@ -127,6 +131,13 @@ class Engine:
         self.dummy_req = Req(
             torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams()
         )
+        # The dummy requests' inputs, sliced to the padding a graph batch needs.
+        pad_max = config.max_running_req
+        self._padding = {
+            "ids": torch.zeros(pad_max, dtype=torch.int32, device=torch_device),
+            "positions": torch.zeros(pad_max, dtype=torch.int64, device=torch_device),
+            "out_loc": torch.full((pad_max,), dummy_slots, dtype=torch.int32, device=torch_device),
+        }
         # 8. attention backend (its name was checked before anything was allocated)
         self.attn_backend = create_backend(
             backend_name, self.kv_cache, self.page_table, local_config.num_qo_heads, torch_device
@@ -169,31 +180,29 @@ class Engine:
         validate_batch(self, reqs, phase)
         self._wait_for_caller()
         with self.device.stream_context():
-            return self._prepare_batch(reqs, phase)
+            layout = build_layout(self, reqs)
+            batch, args = self._prepare_batch(reqs, phase, layout)
+            # The slot checks ran on the device while the rest was built; nothing was written yet.
+            check_slots(self, reqs, layout)
+        return batch, args
 
     def _wait_for_caller(self) -> None:
         """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
-    def _prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
+    def _prepare_batch(
+        self, reqs: Sequence[Req], phase: Phase, layout: BatchLayout
+    ) -> tuple[Batch, BatchSamplingArgs]:
         batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
         self.graph_runner.pad_batch(batch)
-        ids, positions, rows, cols = [], [], [], []
-        for req in batch.padded_reqs:
-            span = torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
-            ids.append(req.input_ids[req.cached_len : req.device_len].to(torch.int32))
-            positions.append(span)
-            rows.append(torch.full_like(span, req.table_idx))
-            cols.append(span)
-        dev = self.device.torch_device
-
-        def cat_upload(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-            return upload(torch.cat(parts).to(dtype), dev)
-
-        batch.input_ids = cat_upload(ids, torch.int32)
-        batch.positions = cat_upload(positions, torch.int64)
-        batch.out_loc = self.page_table[cat_upload(rows, torch.int64), cat_upload(cols, torch.int64)]
+        ids, positions, out_loc = layout.ids, layout.positions, layout.out_loc
+        pad = batch.padded_size - batch.size
+        if pad:  # dummy requests: token 0 at position 0, written to the dummy page
+            ids = torch.cat([ids, self._padding["ids"][:pad]])
+            positions = torch.cat([positions, self._padding["positions"][:pad]])
+            out_loc = torch.cat([out_loc, self._padding["out_loc"][:pad]])
+        batch.input_ids, batch.positions, batch.out_loc = ids, positions, out_loc
         self.attn_backend.prepare_metadata(batch)
         return batch, self.sampler.prepare(batch)
 
@@ -209,18 +218,24 @@ class Engine:
                 else:
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = logits[: batch.size]
-            next_tokens = self.sampler.sample(logits, args)
+            next_tokens, deferred = self.sampler.sample_deferred(logits, args)
+            if self.device.is_cuda:
+                host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
+                host.copy_(next_tokens, non_blocking=True)
+            else:
+                host = next_tokens
+            event = self.device.new_event()
+            event.record()
+            if deferred:  # greedy: the non-finite rows hold -1, and come back with the tokens in one transfer
+                event.synchronize()
+                values = host.tolist()
+                if min(values) < 0:
+                    self.sampler.raise_for_rows([i for i, v in enumerate(values) if v < 0], args, logits)
             # Only now, with nothing left to fail, do the requests advance: an exception above leaves them as
             # they were, and the batch can run again.
             for req in batch.reqs:
                 req.complete_one()
-            if self.device.is_cuda:
-                host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
-                next_tokens_cpu = host.copy_(next_tokens, non_blocking=True)
-            else:
-                next_tokens_cpu = next_tokens
-            event = self.device.new_event()
-            event.record()
+            next_tokens_cpu = host[: batch.size]
         return ForwardOutput(next_tokens, next_tokens_cpu, event, logits)
 
     def shutdown(self) -> None:

@@ -72,6 +72,7 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        self._greedy_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         usable = device.type == "cuda" and flashinfer_installed()
         if use_flashinfer and not usable:
             raise ConfigError("FlashInfer sampling needs a CUDA device and the flashinfer package (see docs/gpu.md)")
@@ -94,6 +95,13 @@ class Sampler:
         def to_dev(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return upload(torch.tensor(values, dtype=dtype), self.device)
 
+        row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
+        uids = [r.uid for r in reqs]
+        if all_greedy:  # the row tensors are never read: share one set per batch size instead of uploading
+            if len(reqs) not in self._greedy_rows:
+                self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
+            flags, ones = self._greedy_rows[len(reqs)]
+            return BatchSamplingArgs(True, flags, ones, None, 0, None, None, row_seeds, uids)
         ks = [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params]
         filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
@@ -106,14 +114,22 @@ class Sampler:
             top_k_max=max(filtering_ks, default=0),
             top_p=to_dev([p.top_p for p in params], torch.float32) if use_p else None,
             min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
-            row_seeds=[
-                None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)
-            ],
-            uids=[r.uid for r in reqs],
+            row_seeds=row_seeds,
+            uids=uids,
         )
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: float32 [bs, vocab] → int32 token ids [bs]. Raises NonFiniteLogitsError (see the module doc)."""
+        tokens, deferred = self.sample_deferred(logits, args)
+        if deferred:
+            self.raise_for_rows((tokens < 0).nonzero().flatten().tolist(), args, logits)
+        return tokens
+
+    def sample_deferred(self, logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, bool]:
+        """Like sample, without a host sync for an all-greedy batch: it returns (tokens, True) where a row with
+        nothing to sample holds -1, and the caller, once the tokens are on the host (one transfer), passes the
+        rows holding -1 to raise_for_rows before using them. Batches that draw noise are checked here, before any
+        is drawn, and return (tokens, False)."""
         bs = len(args.row_seeds)
         if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
             raise InvalidRequestError(
@@ -123,8 +139,7 @@ class Sampler:
         bad = ~logits.amax(dim=-1).isfinite()
         argmax = logits.argmax(dim=-1)
         if args.all_greedy:
-            self._check_rows(bad, args, logits)
-            return argmax.to(torch.int32)
+            return torch.where(bad, -1, argmax).to(torch.int32), True
         if self.use_flashinfer and all(seed is None for seed in args.row_seeds):
             # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
             probs = (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
@@ -134,7 +149,7 @@ class Sampler:
             probs = self.filtered_probs(logits, args)
             self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
             sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
-        return torch.where(args.greedy, argmax, sampled).to(torch.int32)
+        return torch.where(args.greedy, argmax, sampled).to(torch.int32), False
 
     def flashinfer_draw(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """One token per row of probs (softmax of logits / temperature) under top-k, top-p, min-p; no host sync.
@@ -167,12 +182,17 @@ class Sampler:
         self.philox_offset.add_(_PHILOX_STRIDE)
         return samples
 
+    @classmethod
+    def _check_rows(cls, bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:
+        """One host sync; the message is built only on the error path."""
+        if bool(bad.any()):
+            cls.raise_for_rows(bad.nonzero().flatten().tolist(), args, logits)
+
     @staticmethod
-    def _check_rows(bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:
-        """One host sync per step; the message is built only on the error path."""
-        if not bool(bad.any()):
+    def raise_for_rows(rows: list[int], args: BatchSamplingArgs, logits: torch.Tensor) -> None:
+        """Raise NonFiniteLogitsError for these batch rows (none: return)."""
+        if not rows:
             return
-        rows = bad.nonzero().flatten().tolist()
         uids = [args.uids[r] for r in rows] if args.uids else rows
         row = logits[rows[0]]
         what = (

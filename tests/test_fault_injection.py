@@ -65,7 +65,7 @@ def _after_kv_write(engine: Engine, mp: pytest.MonkeyPatch) -> None:
 
 
 def _in_sampler(engine: Engine, mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(engine.sampler, "sample", fail_once(engine.sampler.sample))
+    mp.setattr(engine.sampler, "sample_deferred", fail_once(engine.sampler.sample_deferred))
 
 
 SITES: dict[str, Callable[[Engine, pytest.MonkeyPatch], None]] = {

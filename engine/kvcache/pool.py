@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.kernels import TORCH_KERNELS, LayerKernels
+
 
 class KVCachePool:
+    kernels: LayerKernels = TORCH_KERNELS  # the engine installs its choice (see layers.kernels)
+
     def __init__(
         self,
         num_layers: int,
@@ -53,9 +57,7 @@ class KVCachePool:
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int) -> None:
         """Write k, v ([tokens, kv_heads, head_dim]) into the slots out_loc ([tokens])."""
-        loc = out_loc.long()
-        self.k_slots(layer)[loc] = k.to(self.buffer.dtype)
-        self.v_slots(layer)[loc] = v.to(self.buffer.dtype)
+        self.kernels.store_kv(self.k_slots(layer), self.v_slots(layer), k, v, out_loc)
 
     @staticmethod
     def bytes_per_page(

@@ -8,11 +8,13 @@ import torch
 from torch import nn
 
 from ..core import Context
+from .kernels import TORCH_KERNELS, LayerKernels
 from .norm import RMSNorm
-from .rotary import RotaryEmbedding
+from .rotary import RotaryAt
 
 
 class AttentionLayer(nn.Module):
+    kernels: LayerKernels = TORCH_KERNELS
     def __init__(
         self,
         layer_id: int,
@@ -31,8 +33,7 @@ class AttentionLayer(nn.Module):
     def forward(
         self,
         qkv: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rope: RotaryAt,
         ctx: Context,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
@@ -41,9 +42,7 @@ class AttentionLayer(nn.Module):
         q = q.reshape(-1, self.num_qo_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if q_norm is not None and k_norm is not None:
-            q = q_norm(q)
-            k = k_norm(k)
-        q, k = rotary(positions, q, k)
+        q = self.kernels.norm_rope(q, rope, q_norm)
+        k = self.kernels.norm_rope(k, rope, k_norm)
         out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return out.reshape(-1, self.q_size)

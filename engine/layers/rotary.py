@@ -44,14 +44,35 @@ class RotaryEmbedding:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos()
         self.sin = emb.sin()
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
-    def __call__(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def tables_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin cast to dtype, as HF casts them before the multiply; cast once, kept for fused kernels."""
+        if dtype not in self._cast:
+            self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        return self._cast[dtype]
+
+    def at(self, positions: torch.Tensor) -> RotaryAt:
+        return RotaryAt(self, positions)
+
+
+class RotaryAt:
+    """RoPE at one forward pass's positions. The torch path gathers the cos/sin rows once per pass and dtype,
+    as HF does, and every layer reuses them; a fused kernel reads the positions and tables directly."""
+
+    def __init__(self, table: RotaryEmbedding, positions: torch.Tensor) -> None:
+        self.table = table
+        self.positions = positions
+        self._rows: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, heads, head_dim] rotated by each token's position (HF: cos/sin cast to x's dtype first)."""
+        rows = self._rows.get(x.dtype)
+        if rows is None:
+            cos = self.table.cos[self.positions].unsqueeze(1).to(x.dtype)
+            sin = self.table.sin[self.positions].unsqueeze(1).to(x.dtype)
+            rows = self._rows[x.dtype] = (cos, sin)
+        return _rotate(x, *rows)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

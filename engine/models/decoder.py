@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from ..core import Context
-from ..layers.activation import silu_and_mul
 from ..layers.attention import AttentionLayer
 from ..layers.embedding import Embedding, LMHead
+from ..layers.kernels import TORCH_KERNELS, LayerKernels
 from ..layers.linear import Linear, MergedLinear
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import RotaryAt, RotaryEmbedding
 from ..moe import BaseMoeBackend
 from .config import ModelConfig
 
@@ -32,13 +32,15 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(q_size, cfg.hidden_size)
 
     def forward(
-        self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, ctx: Context
+        self, hidden: torch.Tensor, rope: RotaryAt, ctx: Context
     ) -> torch.Tensor:
-        out = self.attn(self.qkv_proj(hidden), positions, rotary, ctx, self.q_norm, self.k_norm)
+        out = self.attn(self.qkv_proj(hidden), rope, ctx, self.q_norm, self.k_norm)
         return self.o_proj(out)
 
 
 class MLP(nn.Module):
+    kernels: LayerKernels = TORCH_KERNELS
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size = cfg.intermediate_size
@@ -46,7 +48,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -61,8 +63,7 @@ class DecoderLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rope: RotaryAt,
         ctx: Context,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -70,7 +71,7 @@ class DecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm.forward_residual(hidden, residual)
-        hidden = self.self_attn(hidden, positions, rotary, ctx)
+        hidden = self.self_attn(hidden, rope, ctx)
         hidden, residual = self.post_attention_layernorm.forward_residual(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -109,8 +110,9 @@ class DecoderForCausalLM(nn.Module):
         assert self.rotary is not None, "init_rotary() must run after the weights are materialized"
         hidden = self.model.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
+        rope = self.rotary.at(positions)
         for layer in self.model.layers:
-            hidden, residual = layer(hidden, residual, positions, self.rotary, ctx)
+            hidden, residual = layer(hidden, residual, rope, ctx)
         assert residual is not None
         hidden, _ = self.model.norm.forward_residual(hidden, residual)
         metadata = ctx.batch.attn_metadata

@@ -25,13 +25,12 @@ def _req(table_idx: int, cached: int, device_len: int) -> Req:
 
 def test_index_counts_pages_and_last_page_len() -> None:
     reqs = [_req(0, 0, 1), _req(1, 0, 4), _req(2, 3, 5), _req(3, 15, 16), _req(4, 10, 17)]
-    index = build_paged_kv_index(reqs, page_size=4, row_width=32)
+    index = build_paged_kv_index(reqs, page_size=4)
     assert index.kv_indptr.tolist() == [0, 1, 2, 4, 8, 13]
     assert index.kv_last_page_len.tolist() == [1, 4, 1, 4, 1]
     assert index.qo_indptr.tolist() == [0, 1, 5, 7, 8, 15]
-    # page starts: row * 32 + page * 4
-    assert index.page_starts.tolist()[:4] == [0, 32, 64, 68]
-    assert index.page_starts.tolist()[-5:] == [128, 132, 136, 140, 144]
+    assert index.rows.tolist() == [0, 1, 2, 3, 4]
+    assert index.pages.tolist() == [1, 1, 2, 4, 5]
     assert index.kv_indptr.dtype == index.kv_last_page_len.dtype == index.qo_indptr.dtype == torch.int32
 
 
@@ -53,8 +52,8 @@ def test_index_and_page_ids_describe_the_page_table(page_size: int, lengths: lis
             page = free.pop()
             table[row, start : start + page_size] = page * page_size + torch.arange(page_size)[: width - start]
     reqs = [_req(row, n - 1, n) for row, n in enumerate(lengths)]
-    index = build_paged_kv_index(reqs, page_size, width)
-    ids = kv_page_ids(table, index.page_starts, page_size)
+    index = build_paged_kv_index(reqs, page_size)
+    ids = kv_page_ids(table, index, page_size)
     assert ids.dtype == torch.int32
     for row, n in enumerate(lengths):
         pages = ids[index.kv_indptr[row] : index.kv_indptr[row + 1]]

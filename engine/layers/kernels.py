@@ -1,0 +1,152 @@
+"""The decoder layers' elementwise kernels (RMSNorm, residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, the
+KV store), picked by name like the attention backends.
+
+'torch' runs HF's own op sequence: the reference, on any device, and exact to HF on CPU. 'triton' (CUDA) fuses
+each sequence into one launch that keeps HF's rounding steps. Unfused, a decode step is ~60 small kernels per
+layer; inside a CUDA graph their latencies still add up to most of a small-batch step (3.9 ms of device time
+for the Qwen3-0.6B shape at bs 1 on an H200, where the weights take ~0.3 ms to read).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from types import ModuleType
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .activation import silu_and_mul
+from .rotary import RotaryAt
+
+
+class HeadNorm(Protocol):
+    """A per-head RMSNorm module (Qwen3's q_norm / k_norm)."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+    @property
+    def eps(self) -> float: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: mean of squares and rsqrt in float32, cast back, then scaled by the weight."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    # HF casts back to the input dtype before the weight multiply; doing it after changes bf16 results.
+    return weight * h.to(dtype)
+
+
+class LayerKernels:
+    """The torch reference: HF's op sequences, one torch op at a time."""
+
+    name = "torch"
+    fuses_residual = False  # when False, RMSNorm adds the residual itself and calls its (patchable) forward
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm_reference(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        total = x + residual
+        return self.rms_norm(total, weight, eps), total
+
+    def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
+        """Optional per-head RMSNorm, then RoPE, of x [tokens, heads, head_dim]."""
+        if norm is not None:
+            x = norm(x)
+        return rope.apply(x)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(gate_up)
+
+    def store_kv(
+        self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
+    ) -> None:
+        """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
+        index = loc.long()
+        k_slots[index] = k.to(k_slots.dtype)
+        v_slots[index] = v.to(v_slots.dtype)
+
+
+class TritonKernels(LayerKernels):
+    name = "triton"
+    fuses_residual = True
+
+    def __init__(self) -> None:
+        from . import triton_kernels
+
+        self._k: ModuleType = triton_kernels
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._k.rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._k.add_rms_norm(x, residual, weight, eps)
+
+    def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
+        weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
+        return self._k.norm_rope(x, rope.positions, rope.table, weight, eps)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self._k.silu_and_mul(gate_up)
+
+    def store_kv(
+        self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
+    ) -> None:
+        self._k.store_kv(k_slots, v_slots, k, v, loc)
+
+
+TORCH_KERNELS = LayerKernels()
+
+_KERNELS: dict[str, Callable[[], LayerKernels]] = {"torch": lambda: TORCH_KERNELS, "triton": TritonKernels}
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def triton_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    if device.type != "cuda":
+        return f"it needs a CUDA device, got {device}"
+    if dtype not in _TRITON_DTYPES:
+        return f"it serves float32, bfloat16 and float16, got {dtype}"
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        return f"its RoPE kernel needs a power-of-two head_dim, got {head_dim}"
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed (it comes with CUDA builds of torch)"
+    return None
+
+
+def known_kernels() -> list[str]:
+    return sorted(["auto", *_KERNELS])
+
+
+def resolve_kernels_name(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """'auto' is triton where it can serve (CUDA, float dtypes, power-of-two head_dim, package present), else torch."""
+    if name == "auto":
+        return "torch" if triton_unsupported_reason(device, dtype, head_dim) else "triton"
+    if name not in _KERNELS:
+        raise ConfigError(f"layer_kernels={name!r} is unknown; known: {', '.join(known_kernels())}")
+    reason = triton_unsupported_reason(device, dtype, head_dim) if name == "triton" else None
+    if reason is not None:
+        raise ConfigError(f"layer_kernels='triton' cannot be used: {reason}; use 'torch' or 'auto'")
+    return name
+
+
+def create_kernels(name: str) -> LayerKernels:
+    return _KERNELS[name]()
+
+
+def install_kernels(model: nn.Module, kernels: LayerKernels, *others: object) -> None:
+    """Point every module of the model, and each of `others` (the KV pool), that dispatches through `kernels`
+    at this implementation."""
+    for owner in [*model.modules(), *others]:
+        if isinstance(getattr(type(owner), "kernels", None), LayerKernels):
+            owner.kernels = kernels  # type: ignore[attr-defined]
