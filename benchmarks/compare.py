@@ -229,7 +229,7 @@ class IsolatedHF:
     def close(self) -> None:
         with suppress(OSError):
             self.conn.send(None)
-        self.proc.join(timeout=60)
+        self.proc.join(timeout=15)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join()
@@ -314,7 +314,7 @@ def run_grid(
             for r in range(plan.repeats):
                 for c in contenders:
                     c.measure(prompts, n)
-                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s" for c in contenders)
+                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s (1 token: {c.t_1[-1]:.3f}s)" for c in contenders)
                 log(f"B={b} round {r + 1}/{plan.repeats}: {walls}")
             for c in contenders:
                 rows.append(
@@ -626,15 +626,18 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2, default=str))
 
+    roofline = device.type == "cuda" and "roofline" in sections
+    if roofline:  # first, so that a run cut short by a time limit still has it
+        result["bandwidth_bytes_per_s"] = measure_bandwidth(device)
+        log(f"bandwidth {result['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s")
+        save()
     if "grid" in sections or "roofline" in sections:
         grid = run_grid(choice, device, plan, log, args.isolate)
         result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
         result["grid"] = grid
         save()
-    if device.type == "cuda" and "roofline" in sections:
-        bandwidth = measure_bandwidth(device)
-        result["bandwidth_bytes_per_s"] = bandwidth
-        result["roofline"] = run_roofline(result["grid"], plan, bandwidth)
+    if roofline:
+        result["roofline"] = run_roofline(result["grid"], plan, result["bandwidth_bytes_per_s"])
         save()
     if device.type == "cuda" and "offline" in sections and plan.offline_requests:
         result["offline"] = run_offline(choice, device, plan, log)
