@@ -53,3 +53,23 @@ def test_an_isolated_contender_that_fails_raises_with_the_childs_traceback(tiny_
         with pytest.raises(RuntimeError, match=f"{HF_EAGER}: its child process died"):
             child.run([[1, 2, 3]], 2)  # a failure ends the child
     assert not child.proc.is_alive()
+
+
+def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    from benchmarks import profile_step
+
+    out = tmp_path / "profile.json"
+    args = ["--device", "cpu", "--model", str(tiny_models["qwen3"]), "--batch-sizes", "1,3", "--context", "8"]
+    assert profile_step.main([*args, "--steps", "4", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert [r["batch"] for r in results] == [1, 3]
+    for r in results:
+        assert r["step_ms"] > 0 and r["graph_device_ms"] is None  # no graphs on CPU
+        phases = r["phases_ms"]
+        assert phases["forward_batch (waits for the device)"] > 0
+        assert phases["prepare: layout + slot checks (device)"] > 0
+        assert sum(v for k, v in phases.items() if k.startswith("prepare")) < r["step_ms"]
+    import engine.engine as engine_module
+    from engine.validate import build_layout
+
+    assert engine_module.build_layout is build_layout, "the phase timers were not removed"

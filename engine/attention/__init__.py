@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import ConfigError
+from ..choice import resolve_choice
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 from .flashinfer_backend import FlashInferAttnBackend, unsupported_reason
@@ -30,14 +30,8 @@ def known_backends() -> list[str]:
 
 def resolve_backend_name(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     """'auto' is flashinfer where it can serve (CUDA, bf16/fp16, its head dims, package installed), else torch."""
-    if name == "auto":
-        return "torch" if unsupported_reason(device, dtype, head_dim) else "flashinfer"
-    if name not in _BACKENDS:
-        raise ConfigError(f"attention_backend={name!r} is unknown; known: {', '.join(known_backends())}")
-    reason = unsupported_reason(device, dtype, head_dim) if name == "flashinfer" else None
-    if reason is not None:
-        raise ConfigError(f"attention_backend='flashinfer' cannot be used: {reason}; use 'torch' or 'auto'")
-    return name
+    reason = unsupported_reason(device, dtype, head_dim)
+    return resolve_choice("attention_backend", name, _BACKENDS, "flashinfer", reason)
 
 
 def create_backend(

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..choice import resolve_choice
 from .activation import silu_and_mul
 from .rotary import RotaryAt
 
@@ -124,20 +124,10 @@ def triton_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
     return None
 
 
-def known_kernels() -> list[str]:
-    return sorted(["auto", *_KERNELS])
-
-
 def resolve_kernels_name(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     """'auto' is triton where it can serve (CUDA, float dtypes, power-of-two head_dim, package present), else torch."""
-    if name == "auto":
-        return "torch" if triton_unsupported_reason(device, dtype, head_dim) else "triton"
-    if name not in _KERNELS:
-        raise ConfigError(f"layer_kernels={name!r} is unknown; known: {', '.join(known_kernels())}")
-    reason = triton_unsupported_reason(device, dtype, head_dim) if name == "triton" else None
-    if reason is not None:
-        raise ConfigError(f"layer_kernels='triton' cannot be used: {reason}; use 'torch' or 'auto'")
-    return name
+    reason = triton_unsupported_reason(device, dtype, head_dim)
+    return resolve_choice("layer_kernels", name, _KERNELS, "triton", reason)
 
 
 def create_kernels(name: str) -> LayerKernels:

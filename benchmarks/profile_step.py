@@ -1,0 +1,156 @@
+"""Where a decode step's time goes: host time of each engine part, the device time of a bare graph replay, and
+(optionally) a torch.profiler trace.
+
+    python -m benchmarks.profile_step [--device cuda] [--batch-sizes 1,64] [--context 512] [--steps 100] [--trace DIR]
+
+Each batch size runs `--steps` decode steps of the static driver on the benchmark model (the Qwen3-0.6B shape on
+GPU, SmolLM2-135M on CPU) after a warm-up. Phase times are host wall time spent inside each part, per step; parts
+nest (forward_batch includes the graph replay, which includes the FlashInfer plan). On CUDA the step also waits for
+the device inside forward_batch, so host work is step time minus the graph's device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import engine.engine as engine_module
+from engine import Engine, SamplingParams
+from engine.driver import StaticDriver
+
+from .common import build_engine, model_for, random_prompts, synchronize
+
+
+@contextmanager
+def phase_timers(targets: list[tuple[object, str, str]]) -> Iterator[dict[str, float]]:
+    """Wrap each (owner, attribute, label) callable to add its host wall time to totals[label]; restore after."""
+    totals: dict[str, float] = defaultdict(float)
+    saved = []  # (owner, attr, what its own __dict__ held, or None when the attribute came from its class)
+    for owner, attr, label in targets:
+        original = getattr(owner, attr)
+        saved.append((owner, attr, vars(owner).get(attr)))
+
+        def timed(*args: Any, _f: Callable[..., Any] = original, _label: str = label, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                totals[_label] += time.perf_counter() - start
+
+        setattr(owner, attr, timed)
+    try:
+        yield totals
+    finally:
+        for owner, attr, own in saved:
+            if own is None:
+                delattr(owner, attr)  # the wrapper shadowed a method of the owner's class
+            else:
+                setattr(owner, attr, own)
+
+
+def graph_device_ms(engine: Engine, bs: int, reps: int = 50) -> float | None:
+    """Device time of the captured graph for bs, replayed back to back (None without graphs)."""
+    graph = engine.graph_runner.graphs.get(bs)
+    if graph is None or not isinstance(engine.device.stream, torch.cuda.Stream):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(engine.device.stream):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path | None) -> dict[str, Any]:
+    driver = StaticDriver(engine)
+    for prompt in random_prompts(bs, context, engine.model_config.vocab_size, seed=bs):
+        driver.add(prompt, SamplingParams(max_tokens=steps + 30, ignore_eos=True))
+    for _ in range(20):  # prefill, then warm-up decode steps
+        driver.step()
+    device = engine.device.torch_device
+    targets = [
+        (driver, "_map_pages", "driver: page-table writes"),
+        (engine_module, "validate_batch", "prepare: request checks"),
+        (engine_module, "build_layout", "prepare: layout + slot checks (device)"),
+        (engine_module, "check_slots", "prepare: slot verdict (sync)"),
+        (engine.attn_backend, "prepare_metadata", "prepare: attention metadata"),
+        (engine.sampler, "prepare", "prepare: sampling args"),
+        (engine, "forward_batch", "forward_batch (waits for the device)"),
+        (engine.graph_runner, "replay", "forward: graph replay incl. plan"),
+        (engine.attn_backend, "prepare_for_replay", "forward: attention plan"),
+        (engine.sampler, "sample_deferred", "forward: sampling"),
+    ]
+    synchronize(device)
+    with phase_timers(targets) as totals:
+        start = time.perf_counter()
+        for _ in range(steps):
+            driver.step()
+        synchronize(device)
+        step_s = (time.perf_counter() - start) / steps
+    result = {
+        "batch": bs,
+        "step_ms": step_s * 1e3,
+        "graph_device_ms": graph_device_ms(engine, bs),
+        "phases_ms": {label: t / steps * 1e3 for label, t in totals.items()},
+    }
+    if trace is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(5):
+                driver.step()
+            synchronize(device)
+        trace.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace / f"decode-bs{bs}.json"))
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+    for uid in list(driver.running):
+        driver.abort(uid)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens per request")
+    parser.add_argument("--steps", type=int, default=100, help="timed decode steps per batch size")
+    parser.add_argument("--model", help="model dir (default: the benchmark model of the device)")
+    parser.add_argument("--trace", type=Path, help="also write a torch.profiler trace of 5 steps per batch size here")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    choice = model_for(device, args.model)
+    max_bs, max_len = max(args.batch_sizes), args.context + args.steps + 31
+    engine = build_engine(
+        choice,
+        device,
+        max_running_req=max_bs,
+        kv_tokens=max_bs * max_len,
+        cuda_graph_bs=sorted(args.batch_sizes) if device.type == "cuda" else None,
+        max_seq_len=max_len,
+    )
+    try:
+        results = [profile_batch(engine, bs, args.context, args.steps, args.trace) for bs in args.batch_sizes]
+    finally:
+        engine.shutdown()
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
