@@ -270,8 +270,10 @@ def run_grid(
     plan: Plan,
     log: Callable[[str], None],
     isolate: frozenset[str] = frozenset({HF_STATIC}),
+    skip: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here."""
+    """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here, and the
+    contenders named in `skip` not at all."""
     cuda = device.type == "cuda"
     max_b, n = max(plan.batch_sizes), plan.new_tokens
     engine = build_engine(
@@ -283,12 +285,14 @@ def run_grid(
         max_seq_len=plan.prompt_len + n + 1,
     )
     vocab = engine.model_config.vocab_size
-    contenders = [engine_contender(engine, ENGINE_EAGER, use_graphs=False)]
+    contenders = [] if ENGINE_EAGER in skip else [engine_contender(engine, ENGINE_EAGER, use_graphs=False)]
     if graphs_captured(engine):
-        contenders.append(engine_contender(engine, ENGINE_GRAPHS, use_graphs=True))
+        if ENGINE_GRAPHS not in skip:
+            contenders.append(engine_contender(engine, ENGINE_GRAPHS, use_graphs=True))
     elif cuda:
         log("engine: no CUDA graphs were captured; the cuda-graphs row is left out")
-    hf_plan = [(HF_EAGER, None)] + ([(HF_STATIC, plan.prompt_len + n)] if cuda else [])
+    hf_all: list[tuple[str, int | None]] = [(HF_EAGER, None)] + ([(HF_STATIC, plan.prompt_len + n)] if cuda else [])
+    hf_plan = [(name, cache_len) for name, cache_len in hf_all if name not in skip]
     hf = None
     if any(name not in isolate for name, _ in hf_plan):
         hf = load_hf(choice, device)
@@ -334,7 +338,7 @@ def run_grid(
             # same real weights; near-ties in the logits may differ), and of graph replay against eager.
             checks = [(ENGINE_GRAPHS, ENGINE_EAGER)] + ([] if choice.dummy else [(ENGINE_EAGER, HF_EAGER)])
             for a, ref in checks:
-                if a in outputs:
+                if a in outputs and ref in outputs:
                     agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
     ratios = grid_ratios(contenders_by_batch(rows), n)
     engine_info = {
@@ -588,7 +592,17 @@ def main(argv: list[str] | None = None) -> int:
         help=f'comma list of HF contenders ("{HF_EAGER}", "{HF_STATIC}") to run in a child process each '
         f'(default "{HF_STATIC}"; "" for none)',
     )
+    parser.add_argument(
+        "--skip",
+        metavar="NAMES",
+        default=frozenset(),
+        type=lambda s: frozenset(x.strip() for x in s.split(",") if x.strip()),
+        help="comma list of contenders to leave out of the grid, e.g. to fit a time limit",
+    )
     args = parser.parse_args(argv)
+    if not args.skip <= {ENGINE_EAGER, ENGINE_GRAPHS, HF_EAGER, HF_STATIC}:
+        names = ", ".join(repr(n) for n in (ENGINE_EAGER, ENGINE_GRAPHS, HF_EAGER, HF_STATIC))
+        parser.error(f"--skip takes only {names}, not {sorted(args.skip)}")
     if not args.isolate <= {HF_EAGER, HF_STATIC}:
         parser.error(f"--isolate takes only {HF_EAGER!r} and {HF_STATIC!r}, not {sorted(args.isolate)}")
     device = torch.device(args.device)
@@ -632,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bandwidth {result['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s")
         save()
     if "grid" in sections or "roofline" in sections:
-        grid = run_grid(choice, device, plan, log, args.isolate)
+        grid = run_grid(choice, device, plan, log, args.isolate, args.skip)
+        result["meta"]["skipped"] = sorted(args.skip)
         result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
         result["grid"] = grid
         save()

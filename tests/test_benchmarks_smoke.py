@@ -42,6 +42,18 @@ def test_compare_grid_runs_the_same_work_on_both_sides(
     assert "roofline" not in result and "offline" not in result  # GPU-only sections
 
 
+def test_skipped_contenders_leave_the_grid(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    args = ["--device", "cpu", "--quick", "--model", str(tiny_models["qwen3"]), "--json", str(out)]
+    assert main([*args, "--batch-sizes", "2", "--skip", HF_EAGER]) == 0
+    result = json.loads(out.read_text())
+    assert result["meta"]["skipped"] == [HF_EAGER]
+    assert [r["method"] for r in result["grid"]["rows"]] == [ENGINE_EAGER]
+    assert result["grid"]["ratios"] == [] and result["grid"]["greedy_agreement"] == {}
+    with pytest.raises(SystemExit):
+        main([*args, "--skip", "vllm"])
+
+
 def test_an_isolated_contender_that_fails_raises_with_the_childs_traceback(tiny_models: dict[str, Path]) -> None:
     cpu = torch.device("cpu")
     with IsolatedHF(model_for(cpu, str(tiny_models["qwen3"])), cpu, HF_EAGER, None) as child:
