@@ -108,20 +108,21 @@ def build_layout(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
     the slot checks are launched on the device, not waited for. Runs on the engine's stream."""
     vocab = engine.model_config.vocab_size
     parts = [r.new_token_ids() for r in reqs]
-    if all(isinstance(p, list) for p in parts):  # decode: the tokens the driver appended
+    appended = all(isinstance(p, list) for p in parts)  # decode: the tokens the driver appended, as ints
+    if appended:
         flat = [t for p in parts for t in p]
         lo, hi = min(flat), max(flat)
-        ids = torch.tensor(flat if lo >= 0 and hi < vocab else [0], dtype=torch.int32)
     else:
-        cat = torch.cat([torch.as_tensor(p, dtype=torch.int64) for p in parts])
-        lo, hi = (int(v) for v in cat.aminmax())
-        ids = cat
+        ids = torch.cat([torch.as_tensor(p, dtype=torch.int64) for p in parts])
+        lo, hi = (int(v) for v in ids.aminmax())
     if lo < 0 or hi >= vocab:
         for req, part in zip(reqs, parts):
             values = part if isinstance(part, list) else part.tolist()
             bad = next((t for t in values if not 0 <= t < vocab), None)
             if bad is not None:
                 raise InvalidRequestError(f"request {req.uid}: token id {bad} is outside the vocabulary [0, {vocab})")
+    if appended:  # only now: an id past int64 would fail the tensor's construction before the message
+        ids = torch.tensor(flat)
     cached = [r.cached_len for r in reqs]
     device = [r.device_len for r in reqs]
     extend = [d - c for c, d in zip(cached, device)]
