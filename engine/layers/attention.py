@@ -15,6 +15,7 @@ from .rotary import RotaryAt
 
 class AttentionLayer(nn.Module):
     kernels: LayerKernels = TORCH_KERNELS
+
     def __init__(
         self,
         layer_id: int,

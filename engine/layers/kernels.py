@@ -103,7 +103,10 @@ class TritonKernels(LayerKernels):
     def store_kv(
         self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
     ) -> None:
-        self._k.store_kv(k_slots, v_slots, k, v, loc)
+        if self._k.store_kv_fits(k_slots, k, v):
+            self._k.store_kv(k_slots, v_slots, k, v, loc)
+        else:
+            super().store_kv(k_slots, v_slots, k, v, loc)
 
 
 TORCH_KERNELS = LayerKernels()

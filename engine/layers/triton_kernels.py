@@ -181,16 +181,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
+def store_kv_fits(k_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether store_kv's power-of-two tiles cover these shapes (unit inner strides, contiguous caches)."""
+    heads = k.shape[1]
+    return not heads & (heads - 1) and k.stride(-1) == 1 and v.stride(-1) == 1 and k_slots.is_contiguous()
+
+
 def store_kv(
     k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
 ) -> None:
-    """k_slots[loc] = k, v_slots[loc] = v; the caches are [slots, heads, head_dim] with contiguous slots."""
+    """k_slots[loc] = k, v_slots[loc] = v; the caches are [slots, heads, head_dim], shapes as store_kv_fits asks."""
     tokens, heads, head_dim = k.shape
-    if heads & (heads - 1) or k.stride(-1) != 1 or v.stride(-1) != 1 or not k_slots.is_contiguous():
-        index = loc.long()  # shapes the kernel's power-of-two tiles do not cover
-        k_slots[index] = k.to(k_slots.dtype)
-        v_slots[index] = v.to(v_slots.dtype)
-        return
     if tokens:
         _store_kv_kernel[(tokens,)](
             k, v, k_slots, v_slots, loc, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_slots.stride(0),
