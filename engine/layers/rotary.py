@@ -47,7 +47,7 @@ class RotaryEmbedding:
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
     def tables_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin cast to dtype, as HF casts them before the multiply; cast once, kept for fused kernels."""
+        """cos and sin cast to dtype, as HF casts them before the multiply; cast once and kept."""
         if dtype not in self._cast:
             self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
         return self._cast[dtype]
@@ -69,9 +69,8 @@ class RotaryAt:
         """x: [tokens, heads, head_dim] rotated by each token's position (HF: cos/sin cast to x's dtype first)."""
         rows = self._rows.get(x.dtype)
         if rows is None:
-            cos = self.table.cos[self.positions].unsqueeze(1).to(x.dtype)
-            sin = self.table.sin[self.positions].unsqueeze(1).to(x.dtype)
-            rows = self._rows[x.dtype] = (cos, sin)
+            cos, sin = self.table.tables_in(x.dtype)
+            rows = self._rows[x.dtype] = (cos[self.positions].unsqueeze(1), sin[self.positions].unsqueeze(1))
         return _rotate(x, *rows)
 
 
