@@ -455,7 +455,9 @@ def run_roofline(grid: dict[str, Any], plan: Plan, bandwidth: float) -> list[dic
     by_batch = contenders_by_batch([GridRow(**r) for r in grid["rows"]])
     out = []
     for b, rows in by_batch.items():
-        best = rows.get(ENGINE_GRAPHS) or rows[ENGINE_EAGER]
+        best = rows.get(ENGINE_GRAPHS) or rows.get(ENGINE_EAGER)
+        if best is None:  # both engine contenders were skipped
+            continue
         kv = b * mean_ctx * info["kv_bytes_per_token"]
         floor_ms = (info["weight_bytes_read"] + kv) / bandwidth * 1e3
         out.append(
@@ -574,6 +576,11 @@ def print_report(result: dict[str, Any]) -> None:
     Console(width=200).print(table)
 
 
+def name_set(text: str) -> frozenset[str]:
+    """A comma list of contender names ("" for none)."""
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -588,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         "--isolate",
         metavar="NAMES",
         default=HF_STATIC,
-        type=lambda s: frozenset(x.strip() for x in s.split(",") if x.strip()),
+        type=name_set,
         help=f'comma list of HF contenders ("{HF_EAGER}", "{HF_STATIC}") to run in a child process each '
         f'(default "{HF_STATIC}"; "" for none)',
     )
@@ -596,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip",
         metavar="NAMES",
         default=frozenset(),
-        type=lambda s: frozenset(x.strip() for x in s.split(",") if x.strip()),
+        type=name_set,
         help="comma list of contenders to leave out of the grid, e.g. to fit a time limit",
     )
     args = parser.parse_args(argv)
