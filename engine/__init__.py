@@ -1,5 +1,6 @@
 """A compact LLM inference engine that computes exactly what Hugging Face computes."""
 
+from .attention import ATTENTION_BACKENDS
 from .config import EngineConfig
 from .core import Batch, Context, Req, SamplingParams
 from .distributed import TPInfo
@@ -13,8 +14,18 @@ from .errors import (
     ModelLoadError,
     NonFiniteLogitsError,
 )
+from .layers.kernels import LAYER_KERNELS
+from .moe import MOE_BACKENDS
+from .registry import Registry, Where
+from .sample import SAMPLERS
 
 __all__ = [
+    "ATTENTION_BACKENDS",
+    "LAYER_KERNELS",
+    "MOE_BACKENDS",
+    "SAMPLERS",
+    "Registry",
+    "Where",
     "Batch",
     "CapacityError",
     "ConfigError",

@@ -36,6 +36,8 @@ class EngineConfig:
     # Elementwise kernels of the layers: "torch" (HF's op sequence), "triton" (fused, CUDA), "auto".
     layer_kernels: str = "auto"
     moe_backend: str = "auto"
+    # Token drawing: "torch" (the reference), "flashinfer" (CUDA), "auto". Every choice is a registry entry.
+    sampler_backend: str = "auto"
     cuda_graph_bs: list[int] | None = None
     cuda_graph_max_bs: int | None = None
     page_size: int = 1
@@ -54,7 +56,7 @@ class EngineConfig:
 
         if not isinstance(self.model_path, (str, os.PathLike)):
             raise ConfigError(f"model_path={self.model_path!r} is invalid: pass the model directory as a str or Path")
-        for name in ("device", "attention_backend", "layer_kernels"):
+        for name in ("device", "attention_backend", "layer_kernels", "moe_backend", "sampler_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: use a string, e.g. 'auto'")
         positive_int("page_size", self.page_size)

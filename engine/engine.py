@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from .attention import create_backend, resolve_backend_name
+from .attention import ATTENTION_BACKENDS, create_backend
 from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
 from .device import Event, cpu_threads_for, make_device, resolve_device
@@ -24,10 +24,11 @@ from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
-from .layers.kernels import create_kernels, install_kernels, resolve_kernels_name
+from .layers.kernels import LAYER_KERNELS, install_kernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
-from .moe import create_moe_backend
-from .sample import BatchSamplingArgs, Sampler
+from .moe import MOE_BACKENDS
+from .registry import Where
+from .sample import SAMPLERS, BatchSamplingArgs
 from .validate import BatchLayout, build_layout, check_fresh, check_memory, check_slots, validate_batch
 
 
@@ -55,9 +56,12 @@ class Engine:
         self.dtype = config.resolve_dtype(torch_device)
         if torch_device.type == "cpu" and self.dtype in (torch.float16,):
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
-        backend_name = resolve_backend_name(config.attention_backend, torch_device, self.dtype, model_config.head_dim)
-        moe_backend = create_moe_backend(config.moe_backend)  # checked for every model: a typo is an error
-        kernels_name = resolve_kernels_name(config.layer_kernels, torch_device, self.dtype, model_config.head_dim)
+        where = Where(torch_device, self.dtype, model_config.head_dim)
+        backend_name = ATTENTION_BACKENDS.resolve(config.attention_backend, where)
+        # Resolved for every model, MoE or not: a typo is an error.
+        moe_backend = MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))()
+        kernels_name = LAYER_KERNELS.resolve(config.layer_kernels, where)
+        sampler_name = SAMPLERS.resolve(config.sampler_backend, where)
         # 3. communication, only between several ranks
         self.comm: Comm = (
             NullComm()
@@ -120,7 +124,7 @@ class Engine:
             self.dtype,
             torch_device,
         )
-        install_kernels(model, create_kernels(kernels_name), self.kv_cache)
+        install_kernels(model, LAYER_KERNELS.factory(kernels_name)(), self.kv_cache)
         # 7. page table: token-granular slots; the dummy row points only into the dummy page
         self.dummy_row = config.max_running_req
         self.page_table = torch.zeros(
@@ -144,7 +148,7 @@ class Engine:
         )
         self.ctx = Context(config.page_size, self.page_table, self.kv_cache, self.attn_backend)
         # 9. sampler
-        self.sampler = Sampler(torch_device, model_config.vocab_size, seed=sampler_seed)
+        self.sampler = SAMPLERS.factory(sampler_name)(torch_device, model_config.vocab_size, sampler_seed)
         # 10. graph runner: decode graphs captured now, on CUDA with a capturable backend (cuda_graph_bs=[] opts out)
         max_graph_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         graph_bs = default_graph_bs(max_graph_bs) if config.cuda_graph_bs is None else config.cuda_graph_bs

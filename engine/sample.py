@@ -20,7 +20,7 @@ rows, run again without the bad ones, get the same tokens as before. No row ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +28,7 @@ import torch
 from .core import Batch, Req
 from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
+from .registry import Registry, Where
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
 # Philox offset advance per FlashInfer draw: each rejection round takes one number of the row's stream, so
@@ -244,3 +245,22 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def flashinfer_sampling_unusable(where: Where) -> str | None:
+    if where.device.type != "cuda":
+        return f"it needs a CUDA device, got {where.device}"
+    if not flashinfer_installed():
+        return "the flashinfer package is not installed (pip install flashinfer-python; see docs/gpu.md)"
+    return None
+
+
+SamplerFactory = Callable[[torch.device, int, "int | None"], Sampler]
+SAMPLERS: Registry[SamplerFactory] = Registry("sampler_backend", preferred=("flashinfer",))
+"""Token samplers by name (EngineConfig.sampler_backend); a factory takes (device, vocab_size, seed)."""
+SAMPLERS.register("torch", lambda device, vocab, seed: Sampler(device, vocab, seed, use_flashinfer=False))
+SAMPLERS.register(
+    "flashinfer",
+    lambda device, vocab, seed: Sampler(device, vocab, seed, use_flashinfer=True),
+    flashinfer_sampling_unusable,
+)

@@ -36,7 +36,7 @@ from engine import (
     Req,
     SamplingParams,
 )
-from engine.attention import known_backends
+from engine.attention import ATTENTION_BACKENDS
 from engine.driver import PageLayout, StaticDriver
 from engine.models import supported_architectures
 from engine.sample import Sampler
@@ -437,7 +437,7 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("memory_ratio nan", {"memory_ratio": math.nan}, ("memory_ratio=nan",)),
     ("max_running_req 0", {"max_running_req": 0}, ("max_running_req=0",)),
     ("unknown dtype", {"dtype": "int8"}, ("dtype='int8'",)),
-    ("unknown attention backend", {"attention_backend": "flash9"}, ("'flash9'", *known_backends())),
+    ("unknown attention backend", {"attention_backend": "flash9"}, ("'flash9'", *ATTENTION_BACKENDS.names())),
     ("cuda_graph_bs not a list", {"cuda_graph_bs": 4}, ("cuda_graph_bs=4",)),
 ]
 

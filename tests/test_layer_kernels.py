@@ -11,14 +11,15 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.driver import StaticDriver
 from engine.errors import ConfigError
-from engine.layers.kernels import LayerKernels, install_kernels, resolve_kernels_name
+from engine.layers.kernels import LAYER_KERNELS, LayerKernels, install_kernels
+from engine.registry import Where
 from oracle.zoo import tiny_model_dir
 
-CPU = torch.device("cpu")
+CPU = Where(torch.device("cpu"), torch.float32, 16)
 
 
 def test_auto_is_torch_on_cpu() -> None:
-    assert resolve_kernels_name("auto", CPU, torch.float32, 16) == "torch"
+    assert LAYER_KERNELS.resolve("auto", CPU) == "torch"
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,7 @@ def test_auto_is_torch_on_cpu() -> None:
 )
 def test_bad_names_are_config_errors(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        resolve_kernels_name(name, CPU, torch.float32, 16)
+        LAYER_KERNELS.resolve(name, CPU)
 
 
 def test_engine_config_rejects_non_string(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from engine import ConfigError, Engine, EngineConfig, ModelLoadError, SamplingPa
 from engine.driver import PageLayout, StaticDriver
 from engine.models import ModelConfig, get_model_class
 from engine.models.qwen3_moe import SparseMoeBlock
-from engine.moe import TorchMoeBackend, create_moe_backend, known_moe_backends, resolve_moe_backend_name
+from engine.moe import MOE_BACKENDS, TorchMoeBackend
+from engine.registry import Where
 from oracle.hf import HFOracle
 from oracle.zoo import tiny_model_dir
 
@@ -177,9 +178,10 @@ def test_torch_backend_matches_naive_reference(
 
 
 def test_moe_backend_registry(moe_dir: Path) -> None:
-    assert resolve_moe_backend_name("auto") == "torch"
-    assert isinstance(create_moe_backend("auto"), TorchMoeBackend)
-    assert known_moe_backends() == ["auto", "torch"]
+    where = Where(torch.device("cpu"), torch.float32, 16)
+    assert MOE_BACKENDS.resolve("auto", where) == "torch"
+    assert isinstance(MOE_BACKENDS.factory("torch")(), TorchMoeBackend)
+    assert MOE_BACKENDS.names() == ["auto", "torch"]
     with pytest.raises(ConfigError, match=r"moe_backend='triton' is unknown; known: auto, torch"):
         _engine(moe_dir, moe_backend="triton")
     engine = _engine(moe_dir, moe_backend="torch")

@@ -12,14 +12,16 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
-from ..choice import resolve_choice
+from ..registry import Registry
 from .activation import silu_and_mul
-from .rotary import RotaryAt
+
+if TYPE_CHECKING:  # rotary imports the models package, which imports this module
+    from .rotary import RotaryAt
 
 
 class HeadNorm(Protocol):
@@ -110,8 +112,6 @@ class TritonKernels(LayerKernels):
 
 
 TORCH_KERNELS = LayerKernels()
-
-_KERNELS: dict[str, Callable[[], LayerKernels]] = {"torch": lambda: TORCH_KERNELS, "triton": TritonKernels}
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -127,14 +127,10 @@ def triton_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
     return None
 
 
-def resolve_kernels_name(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """'auto' is triton where it can serve (CUDA, float dtypes, power-of-two head_dim, package present), else torch."""
-    reason = triton_unsupported_reason(device, dtype, head_dim)
-    return resolve_choice("layer_kernels", name, _KERNELS, "triton", reason)
-
-
-def create_kernels(name: str) -> LayerKernels:
-    return _KERNELS[name]()
+LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
+"""Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
+LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
+LAYER_KERNELS.register("triton", TritonKernels, lambda w: triton_unsupported_reason(w.device, w.dtype, w.head_dim))
 
 
 def install_kernels(model: nn.Module, kernels: LayerKernels, *others: object) -> None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..layers.linear import Linear
-from ..moe import BaseMoeBackend, FusedMoE, create_moe_backend
+from ..moe import MOE_BACKENDS, BaseMoeBackend, FusedMoE
 from .config import ModelConfig
 from .decoder import MLP, DecoderForCausalLM
 from .registry import register_model
@@ -39,5 +39,5 @@ class Qwen3MoeForCausalLM(DecoderForCausalLM):
         if not cfg.is_sparse_layer(layer_id):
             return MLP(cfg)
         if self.moe_backend is None:
-            self.moe_backend = create_moe_backend("auto")
+            self.moe_backend = MOE_BACKENDS.factory("torch")()
         return SparseMoeBlock(cfg, self.moe_backend)

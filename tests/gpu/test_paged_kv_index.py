@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import ConfigError, Engine, EngineConfig, Req, SamplingParams
-from engine.attention import resolve_backend_name
+from engine.attention import ATTENTION_BACKENDS, Where
 from engine.attention.flashinfer_backend import build_paged_kv_index, kv_page_ids, unsupported_reason
 from engine.sample import Sampler
 
@@ -67,9 +67,9 @@ def test_index_and_page_ids_describe_the_page_table(page_size: int, lengths: lis
 def test_flashinfer_is_refused_clearly_without_cuda() -> None:
     cpu = torch.device("cpu")
     assert unsupported_reason(cpu, torch.bfloat16, 64) is not None
-    assert resolve_backend_name("auto", cpu, torch.float32, 64) == "torch"
+    assert ATTENTION_BACKENDS.resolve("auto", Where(cpu, torch.float32, 64)) == "torch"
     with pytest.raises(ConfigError, match="flashinfer"):
-        resolve_backend_name("flashinfer", cpu, torch.bfloat16, 64)
+        ATTENTION_BACKENDS.resolve("flashinfer", Where(cpu, torch.bfloat16, 64))
     assert "head_dim=16" in (unsupported_reason(torch.device("cuda"), torch.bfloat16, 16) or "")
     with pytest.raises(ConfigError, match="FlashInfer sampling"):
         Sampler(cpu, 32, seed=0, use_flashinfer=True)

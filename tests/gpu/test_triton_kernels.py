@@ -14,7 +14,7 @@ import pytest
 import torch
 from gpu_support import compare_free_running, generate, gpu_engine, needs_cuda, random_prompt
 
-from engine.layers.kernels import TORCH_KERNELS, LayerKernels, create_kernels, triton_unsupported_reason
+from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, triton_unsupported_reason
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
@@ -45,7 +45,7 @@ def _close_to_last_bit(got: torch.Tensor, ref: torch.Tensor) -> None:
 
 @pytest.fixture(scope="module")
 def triton_kernels() -> LayerKernels:
-    return create_kernels("triton")
+    return LAYER_KERNELS.factory("triton")()
 
 
 @pytest.mark.parametrize("cols", [64, 1024, 4096])
