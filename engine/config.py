@@ -13,7 +13,7 @@ from .distributed.info import TPInfo
 from .errors import ConfigError
 from .models.config import ModelConfig
 
-_DTYPES = {
+DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
     "float64": torch.float64,
@@ -73,11 +73,11 @@ class EngineConfig:
         ratio = self.memory_ratio
         if not is_plain_number(ratio) or not (0 < ratio <= 1):
             raise ConfigError(f"memory_ratio={ratio!r} is invalid: use a number in (0, 1]")
-        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(_DTYPES)}")
+        if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(DTYPES)}")
         if not isinstance(self.dtype, (str, torch.dtype)):
             raise ConfigError(f"dtype={self.dtype!r} is invalid: use 'auto', a name like 'bfloat16', or a torch.dtype")
-        if isinstance(self.dtype, torch.dtype) and self.dtype not in _DTYPES.values():
+        if isinstance(self.dtype, torch.dtype) and self.dtype not in DTYPES.values():
             raise ConfigError(f"dtype={self.dtype} is not supported; use float32, float64, bfloat16 or float16")
 
     @cached_property
@@ -89,7 +89,7 @@ class EngineConfig:
             return self.dtype
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+        return DTYPES[self.dtype]
 
     @property
     def max_seq_len(self) -> int:

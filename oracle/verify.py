@@ -5,9 +5,9 @@ Sections (each a list of :class:`Check`):
 * **greedy parity**: the engine's greedy tokens are HF's. HF's greedy choice at each step is the argmax of its
   float64 logits for the prefix so far; teacher-forcing HF on the engine's sequence gives exactly those rows, so
   by induction the engine's tokens equal HF ``generate`` (do_sample=False) unless a near-tie is met, where
-  vLLM's rule applies (:func:`properties.checks.check_forced_greedy`).
+  vLLM's rule applies (:func:`oracle.checks.check_forced_greedy`).
 * **logit error**: max |engine - HF float64| over every generated position (prefill and decode rows), within the
-  per-dtype bound of :mod:`properties.checks`.
+  per-dtype bound of :mod:`oracle.tolerance`.
 * **decode ≡ prefill**: the engine's decode logits at a step equal its own prefill logits of the same prefix.
 * **split prefill ≡ prefill**: that prefix prefilled in two chunks (the prompt, then the generated tokens as one
   extend with cached_len > 0) gives the same logits as one prefill.
@@ -21,7 +21,7 @@ Sections (each a list of :class:`Check`):
   :func:`oracle.sampler.reference_distribution`, and every greedy row is the argmax. α per test is the family
   budget (1e-3 per run) split by Bonferroni over the run's statistical tests.
 
-Logit bounds are ``rel * max(1, max |ref|)`` per engine dtype (:mod:`properties.checks`, float32: rel 5e-5).
+Logit bounds are ``rel * max(1, max |ref|)`` per engine dtype (:mod:`oracle.tolerance`, float32: rel 5e-5).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import torch
 from engine import Batch, Engine, EngineConfig, Req, SamplingParams
 from engine.driver import Generation, PageLayout, StaticDriver
 from engine.layers.norm import RMSNorm
+from oracle.checks import check_forced_greedy
 from oracle.hf import HFOracle
 from oracle.sampler import reference_distribution
 from oracle.stats import FAMILY_ALPHA, AlphaBudget, chi_square_gof, power, support_check
-from properties.checks import check_forced_greedy, logit_tolerance, logits_error
+from oracle.tolerance import logit_tolerance, logits_error
 
 PROMPTS = (
     "The capital of France is",

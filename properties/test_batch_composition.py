@@ -4,7 +4,7 @@ A greedy target request runs alone, then again among batch-mates (greedy and sam
 that join before it, with it, or while it decodes, so it lands on another page-table row and its prefill and
 decode steps share the matmuls with different rows.
 
-Tolerance: its tokens must be identical (near-tie rule of properties.checks, with the solo run as reference) and
+Tolerance: its tokens must be identical (near-tie rule of oracle.tolerance, with the solo run as reference) and
 its logits within the float32 logit bound (rel 5e-5) of the solo run. Bitwise equality is not required: CPU GEMM
 kernels may block a row's dot products differently for a different number of rows. Whether the logits were
 bitwise equal is reported as a Hypothesis event (``--hypothesis-show-statistics``).
@@ -19,10 +19,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine.driver import PageLayout, StaticDriver
-from properties.budget import examples
-from properties.checks import assert_logits_close, compare_greedy, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import PAGE_SIZES, batches, requests, sampling_params, seeds
+from oracle.budget import examples
+from oracle.checks import assert_logits_close, compare_greedy
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.strategies import batches, requests, sampling_params, seeds
+from oracle.tolerance import logit_tolerance
 
 
 @settings(max_examples=examples(4.0))
@@ -31,7 +32,7 @@ def test_tokens_do_not_depend_on_batch_mates(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    page_size = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
+    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
     engine = engines.get(tiny_models[arch], page_size)
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
     target = data.draw(requests(TINY_VOCAB, 40, page_size, greedy), label="target")

@@ -6,7 +6,7 @@ its logits at the position before each generated token must match the engine's l
 decode step, reading the KV cache written by the prefill and by earlier decode steps, computes what one full
 prefill computes.
 
-Tolerance: the float32 logit bound of properties.checks (rel 5e-5 of the row's largest |logit|), the same as for
+Tolerance: the float32 logit bound of oracle.tolerance (rel 5e-5 of the row's largest |logit|), the same as for
 prefill: KV read back from the cache is bit-for-bit what was written, so decoding adds no error of its own.
 """
 
@@ -18,11 +18,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oracle.budget import examples
+from oracle.checks import assert_logits_close
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from oracle.hf import HFOracle
-from properties.budget import examples
-from properties.checks import assert_logits_close, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import batches, layouts, sampling_params, seeds
+from oracle.strategies import batches, layouts, sampling_params, seeds
+from oracle.tolerance import logit_tolerance
 
 
 @settings(max_examples=examples(4.0))
@@ -31,7 +32,7 @@ def test_decode_matches_teacher_forced_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    layout = data.draw(layouts(TINY_VOCAB), label="layout")
+    layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(2, 16))
     specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params), label="requests")
     engine = engines.get(tiny_models[arch], layout.page_size)

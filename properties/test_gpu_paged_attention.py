@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from engine import Engine
 from engine.attention.flashinfer_backend import flashinfer_installed
-from properties.budget import examples
-from properties.drive import MAX_SEQ_LEN, TINY_VOCAB, run_requests
-from properties.strategies import batches, layouts, sampling_params
+from oracle.budget import examples
+from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, run_requests
+from oracle.strategies import batches, layouts, sampling_params
 
 pytestmark = [
     pytest.mark.gpu,

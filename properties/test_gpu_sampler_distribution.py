@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from engine import Batch, Req
 from engine.attention.flashinfer_backend import flashinfer_installed
 from engine.sample import Sampler
+from oracle.budget import examples
 from oracle.sampler import reference_distribution
 from oracle.stats import AlphaBudget, chi_square_gof, support_check
-from properties.budget import examples
-from properties.strategies import logits_rows, sampling_params, seeds
+from oracle.strategies import logits_rows, sampling_params, seeds
 
 pytestmark = [
     pytest.mark.gpu,

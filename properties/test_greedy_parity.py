@@ -4,7 +4,7 @@ Reference: HF ``generate`` (do_sample=False, EOS ignored, no injected processors
 directory; the engine runs float32 on CPU, batched, under random page layouts.
 
 Tolerance: identical tokens. At a genuine near-tie (the reference's top-2 logits within twice the float32 logit
-bound of properties.checks, i.e. closer than fp32 rounding can resolve) vLLM's rule applies: at the first mismatch
+bound of oracle.tolerance, i.e. closer than fp32 rounding can resolve) vLLM's rule applies: at the first mismatch
 each side's token must be in the other's top-2, and the comparison stops there.
 """
 
@@ -18,11 +18,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine.driver import Generation
+from oracle.budget import examples
+from oracle.checks import compare_greedy
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from oracle.hf import HFOracle
-from properties.budget import examples
-from properties.checks import compare_greedy, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import RequestSpec, batches, layouts, sampling_params
+from oracle.strategies import RequestSpec, batches, layouts, sampling_params
+from oracle.tolerance import logit_tolerance
 
 
 def check_against_hf(ref: HFOracle, spec: RequestSpec, gen: Generation, tol_dtype: object) -> None:
@@ -41,7 +42,7 @@ def test_greedy_matches_hf_tiny(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    layout = data.draw(layouts(TINY_VOCAB), label="layout")
+    layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 12))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, greedy), label="requests")
     engine = engines.get(tiny_models[arch], layout.page_size)

@@ -8,7 +8,7 @@ pads with engine.dummy_req exactly as on CUDA; forward_batch then runs the padde
 * Dummy rows inert: every KV slot of every real page (the real requests' cached KV and the free pages) is filled
   with distinct sentinel values; after a padded decode step each of them still holds its sentinel, except the
   slots the real requests write this step. And the real requests' logits from the padded step equal those of the
-  unpadded step, within the float32 logit bound of properties.checks (bitwise equality is reported as an event:
+  unpadded step, within the float32 logit bound of oracle.tolerance (bitwise equality is reported as an event:
   the padded matmuls have more rows, which CPU kernels may round differently).
 * Real rows inert for the dummy page: the dummy page is filled with sentinels and survives real prefill and decode
   steps untouched.
@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 
 from engine import Engine
 from engine.graph import GraphRunner
-from properties.budget import examples
-from properties.checks import assert_logits_close, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
-from properties.strategies import PAGE_SIZES, RequestSpec, batches, sampling_params, seeds
+from oracle.budget import examples
+from oracle.checks import assert_logits_close
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
+from oracle.strategies import RequestSpec, batches, sampling_params, seeds
+from oracle.tolerance import logit_tolerance
 
 
 def slot_view(engine: Engine) -> torch.Tensor:
@@ -66,7 +67,7 @@ def fill(view: torch.Tensor, slots: torch.Tensor, seed: int) -> torch.Tensor:
 @given(data=st.data())
 def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    page_size = data.draw(st.sampled_from(PAGE_SIZES), label="page_size")
+    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
     engine = engines.get(tiny_models[arch], page_size)
     max_req = engine.config.max_running_req
     one_token = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.just(2))

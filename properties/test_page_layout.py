@@ -17,9 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties.budget import examples
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import batches, layouts, sampling_params, seeds
+from oracle.budget import examples
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.strategies import batches, layouts, sampling_params, seeds
 
 
 @settings(max_examples=examples(4.0))
@@ -28,8 +28,8 @@ def test_logits_do_not_depend_on_page_layout(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    first = data.draw(layouts(TINY_VOCAB), label="layout_a")
-    second = data.draw(layouts(TINY_VOCAB), label="layout_b")
+    first = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout_a")
+    second = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout_b")
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(1, 10))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, first.page_size, params, split=True), label="requests")
     sampler_seed = data.draw(seeds, label="sampler_seed")

@@ -7,7 +7,7 @@ top-k, top-p on the renormalized result, min-p); tokens whose keep/drop decision
 threshold (the reference's ambiguous mask) are left out of both. Greedy rows (temperature 0 or top_k 1) must draw
 a maximal logit every time.
 
-α: every check runs at properties.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
+α: every check runs at oracle.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
 every statistical check the active profile can run (9.3e-7 per check under `ci`: 540 checks).
 
 Sample sizes, with the power of the chi-square test (oracle.stats.power at α = 9.3e-7) against Cohen's effect
@@ -40,17 +40,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Batch, Engine, Req, SamplingParams
-from engine.sample import Sampler
-from properties.budget import (
+from oracle.budget import (
     MODEL_ROWS,
     SAMPLING_MODEL,
     SAMPLING_SYNTHETIC,
     STAT_ALPHA,
     SYNTHETIC_ROWS,
 )
-from properties.checks import check_sample_counts
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
-from properties.strategies import RequestSpec, batches, logits_batches, sampling_params, seeds
+from oracle.checks import check_sample_counts
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
+from oracle.strategies import RequestSpec, batches, logits_batches, sampling_params, seeds
+from oracle.target import Target
 
 N_SYNTHETIC = 8000
 N_MODEL = 4000
@@ -67,21 +67,21 @@ def assert_rows_follow_reference(draws: torch.Tensor, logits: torch.Tensor, para
 
 @settings(max_examples=SAMPLING_SYNTHETIC.examples)
 @given(data=st.data())
-def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject) -> None:
+def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject, target: Target) -> None:
     vocab = data.draw(st.integers(2, 24), label="vocab")
     logits = data.draw(logits_batches(vocab, SYNTHETIC_ROWS), label="logits")
     params = [
         data.draw(sampling_params(vocab, max_tokens=st.just(1)), label=f"params[{r}]") for r in range(len(logits))
     ]
-    sampler = Sampler(torch.device("cpu"), vocab, seed=data.draw(seeds, label="sampler_seed"))
+    sampler = target.make_sampler(vocab, data.draw(seeds, label="sampler_seed"))
     one_token = torch.zeros(1, dtype=torch.int32)
     reqs = [
         Req(one_token, r, 0, 1, r, p if p.seed is None else replace(p, seed=(p.seed + copy) % 2**63))
         for copy in range(N_SYNTHETIC)
         for r, p in enumerate(params)
     ]
-    tokens = sampler.sample(logits.repeat(N_SYNTHETIC, 1), sampler.prepare(Batch(reqs, "decode")))
-    assert_rows_follow_reference(tokens.view(N_SYNTHETIC, len(params)), logits, params)
+    tokens = sampler.sample(logits.to(sampler.device).repeat(N_SYNTHETIC, 1), sampler.prepare(Batch(reqs, "decode")))
+    assert_rows_follow_reference(tokens.cpu().view(N_SYNTHETIC, len(params)), logits, params)
 
 
 def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler_seed: int) -> None:

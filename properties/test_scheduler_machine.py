@@ -16,7 +16,7 @@ Invariants, after every rule:
 * paging: no page belongs to two live requests, no live page is on the free list, pages are conserved
   (free + held = total), every live request's cached slots lie in its own pages, the dummy page is nobody's;
 * parity: every request that produced tokens since the last check (live, or just finished) matches HF float64
-  teacher-forced on its own sequence: each step's logits within the float32 logit bound of properties.checks,
+  teacher-forced on its own sequence: each step's logits within the float32 logit bound of oracle.tolerance,
   greedy tokens the reference argmax (near-tie rule), sampled tokens inside the reference support of the engine's
   logits row (oracle.sampler, ambiguous tokens allowed).
 """
@@ -41,12 +41,13 @@ from hypothesis.stateful import (
 
 from engine import CapacityError, Engine
 from engine.driver import LayoutKind, PageLayout, StaticDriver
+from oracle.budget import examples
+from oracle.checks import assert_logits_close, check_forced_greedy
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool
 from oracle.hf import HFOracle
 from oracle.sampler import reference_distribution
-from properties.budget import examples
-from properties.checks import assert_logits_close, check_forced_greedy, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool
-from properties.strategies import PAGE_SIZES, RequestSpec, requests, sampling_params, seeds
+from oracle.strategies import RequestSpec, requests, sampling_params, seeds
+from oracle.tolerance import logit_tolerance
 
 ROWS = 4
 POOL_SLOTS = 96
@@ -74,12 +75,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(
         arch=st.sampled_from(TINY_ARCHS),
-        page_size=st.sampled_from(PAGE_SIZES),
+        data=st.data(),
         kind=st.sampled_from(("contiguous", "shuffled", "interleaved")),
         layout_seed=seeds,
         sampler_seed=seeds,
     )
-    def setup(self, arch: str, page_size: int, kind: LayoutKind, layout_seed: int, sampler_seed: int) -> None:
+    def setup(self, arch: str, data: st.DataObject, kind: LayoutKind, layout_seed: int, sampler_seed: int) -> None:
+        page_size = data.draw(st.sampled_from(self.engines.target.page_sizes), label="page_size")
         self.engine: Engine = self.engines.get(
             self.models[arch], page_size, max_running_req=ROWS, num_pages=-(-POOL_SLOTS // page_size)
         )

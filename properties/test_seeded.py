@@ -12,7 +12,7 @@
 * Different seeds, different draws: two requests with the same prompt and parameters but different seeds decode
   16 tokens side by side. Identical outputs are possible by chance: with p_t the reference distribution at step t,
   P(identical) = prod_t sum_i p_t[i]^2. The test fails only if the outputs are identical and that probability is
-  below properties.budget.STAT_ALPHA (it is one of the budgeted statistical checks); if it is larger, the example
+  below oracle.budget.STAT_ALPHA (it is one of the budgeted statistical checks); if it is larger, the example
   is inconclusive and reported as an event.
 """
 
@@ -27,11 +27,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
-from engine.sample import Sampler
+from oracle.budget import SEEDED_DISTINCT, STAT_ALPHA, examples
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from oracle.sampler import reference_distribution
-from properties.budget import SEEDED_DISTINCT, STAT_ALPHA, examples
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import (
+from oracle.strategies import (
     RequestSpec,
     batches,
     logits_rows,
@@ -40,6 +39,7 @@ from properties.strategies import (
     sampling_params,
     seeds,
 )
+from oracle.target import Target
 
 
 @settings(max_examples=examples(1.2))
@@ -63,7 +63,7 @@ def test_same_seed_gives_same_tokens(data: st.DataObject, tiny_models: dict[str,
 
 @settings(max_examples=examples(6.0))
 @given(data=st.data())
-def test_seeded_row_does_not_depend_on_its_batch(data: st.DataObject) -> None:
+def test_seeded_row_does_not_depend_on_its_batch(data: st.DataObject, target: Target) -> None:
     vocab = data.draw(st.sampled_from((8, 512)) | st.integers(2, 512), label="vocab")
     row = data.draw(logits_rows(vocab, ties=data.draw(st.booleans())), label="row")
     params = data.draw(sampling_params(vocab, greedy=False, seeded=True, max_tokens=st.just(1)), label="params")
@@ -80,8 +80,9 @@ def test_seeded_row_does_not_depend_on_its_batch(data: st.DataObject) -> None:
             Req(torch.zeros(position if r == at else 1, dtype=torch.int32), r, 0, 1, r, p)
             for r, p in enumerate(all_params)
         ]
-        sampler = Sampler(torch.device("cpu"), vocab, seed=data.draw(seeds, label=f"sampler_seed[{batch_no}]"))
+        sampler = target.make_sampler(vocab, data.draw(seeds, label=f"sampler_seed[{batch_no}]"))
         args = sampler.prepare(Batch(reqs, "decode"))
+        logits = logits.to(sampler.device)
         picks.append((sampler.filtered_probs(logits, args)[at], int(sampler.sample(logits, args)[at])))
     (probs_a, token_a), (probs_b, token_b) = picks
     diff = float((probs_a - probs_b).abs().max())

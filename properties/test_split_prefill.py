@@ -5,7 +5,7 @@ per-step prefill token budget (max_prefill_tokens), under a random page layout; 
 one-shot prefill and the contiguous layout. Every recorded step (the logits after the last chunk, then each decode
 step) must agree.
 
-Tolerance: the float32 logit bound of properties.checks (rel 5e-5); the chunked run computes the earlier tokens' KV
+Tolerance: the float32 logit bound of oracle.tolerance (rel 5e-5); the chunked run computes the earlier tokens' KV
 in smaller matmuls, which may round differently, so bitwise equality is reported as an event, not required.
 Greedy tokens must be identical up to a near-tie (vLLM rule).
 """
@@ -18,10 +18,11 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from properties.budget import examples
-from properties.checks import assert_logits_close, compare_greedy, logit_tolerance
-from properties.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
-from properties.strategies import RequestSpec, batches, layouts, sampling_params
+from oracle.budget import examples
+from oracle.checks import assert_logits_close, compare_greedy
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.strategies import RequestSpec, batches, layouts, sampling_params
+from oracle.tolerance import logit_tolerance
 
 
 @settings(max_examples=examples(4.0))
@@ -30,7 +31,7 @@ def test_split_prefill_matches_single_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
-    layout = data.draw(layouts(TINY_VOCAB, max_churn=1), label="layout")
+    layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes, max_churn=1), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 6))
     specs = data.draw(batches(TINY_VOCAB, 3, 48, layout.page_size, greedy, split=True), label="requests")
     budget = data.draw(st.none() | st.integers(1, 24), label="max_prefill_tokens")

@@ -21,7 +21,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.attention.flashinfer_backend import flashinfer_installed
 from engine.driver import Generation, PageLayout, StaticDriver
 from oracle.hf import HFOracle
-from properties.checks import logit_tolerance, logits_error
+from oracle.tolerance import logit_tolerance, logits_error
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_FLASHINFER = HAS_CUDA and flashinfer_installed()

@@ -22,7 +22,7 @@ from gpu_support import (
 )
 
 from engine.driver import Generation, PageLayout
-from properties.checks import assert_logits_close
+from oracle.checks import assert_logits_close
 
 pytestmark = needs_flashinfer
 # Lengths around page boundaries of 4 and 16, and one long enough for many KV tiles (and split-KV decode); three

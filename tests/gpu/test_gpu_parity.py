@@ -29,7 +29,7 @@ from gpu_support import (
     requires_flashinfer,
 )
 
-from properties.checks import logits_error
+from oracle.tolerance import logits_error
 
 pytestmark = needs_cuda
 

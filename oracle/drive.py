@@ -1,10 +1,10 @@
 """Running request specs through the engine, for the properties.
 
-Engines are built once per configuration (EnginePool) and shared by the examples of a session. Each run gets a
-fresh StaticDriver, so no schedule state carries over. KV left in the pool by earlier runs is never read: a request
-attends only to slots [0, device_len) of its own page-table row, and writes each of them (store_kv runs before
-the gather in every layer) before any read. Stale KV is in fact part of what is tested: runs reuse pages that
-earlier examples and churn requests filled.
+Engines are built once per configuration (EnginePool, on the session's target) and shared by the examples of a
+session. Each run gets a fresh StaticDriver, so no schedule state carries over. KV left in the pool by earlier runs
+is never read: a request attends only to slots [0, device_len) of its own page-table row, and writes each of them
+(store_kv runs before the gather in every layer) before any read. Stale KV is in fact part of what is tested: runs
+reuse pages that earlier examples and churn requests filled.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine, EngineConfig, Req, SamplingParams
+from engine import Engine, Req, SamplingParams
 from engine.driver import Generation, StaticDriver
+from oracle.strategies import LayoutSpec, RequestSpec
+from oracle.target import Target
 from oracle.zoo import TINY_ARCHS, tiny_config
-
-from .strategies import LayoutSpec, RequestSpec
 
 __all__ = ["MAX_SEQ_LEN", "TINY_ARCHS", "TINY_VOCAB", "EnginePool", "place", "row_slots", "run_churn", "run_requests"]
 
@@ -40,28 +40,29 @@ class EngineKey:
 
 
 class EnginePool:
-    """Engines by configuration, built on first use; close() shuts them all down."""
+    """Engines of one target by configuration, built on first use; close() shuts them all down."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: Target) -> None:
+        self.target = target
         self._engines: dict[EngineKey, Engine] = {}
 
     def get(
         self,
         model: str | Path,
         page_size: int = 1,
-        dtype: str = "float32",
+        dtype: str | None = None,
         max_running_req: int = 8,
         num_pages: int | None = None,
     ) -> Engine:
-        """num_pages defaults to a full block of MAX_SEQ_LEN slots per page-table row (see place())."""
+        """dtype defaults to the target's; num_pages to a full block of MAX_SEQ_LEN slots per page-table row (see
+        place())."""
         pages = num_pages if num_pages is not None else max_running_req * -(-MAX_SEQ_LEN // page_size)
-        key = EngineKey(str(model), page_size, dtype, max_running_req, pages)
+        key = EngineKey(str(model), page_size, dtype or self.target.dtype, max_running_req, pages)
         if key not in self._engines:
             self._engines[key] = Engine(
-                EngineConfig(
-                    str(model),
-                    dtype=dtype,
-                    device="cpu",
+                self.target.engine_config(
+                    model,
+                    dtype=key.dtype,
                     page_size=page_size,
                     max_running_req=max_running_req,
                     max_seq_len_override=MAX_SEQ_LEN,

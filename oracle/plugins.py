@@ -1,0 +1,45 @@
+"""Loading the user's own kernels: a plugin is a module that registers implementations in the engine's registries
+(``engine.ATTENTION_BACKENDS``, ``LAYER_KERNELS``, ``MOE_BACKENDS``, ``SAMPLERS``) when imported.
+
+Plugins come from ``--plugin MODULE`` (pytest, ``verify`` and the mutant table), from ``$HFPARITY_PLUGINS``
+(comma-separated, for tox) and from every installed distribution's ``hfparity.plugins`` entry points. A target then
+names what they registered, e.g. ``--target cpu-fp32,attention=mine``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+
+PLUGINS_ENV = "HFPARITY_PLUGINS"
+ENTRY_POINT_GROUP = "hfparity.plugins"
+
+
+class PluginError(ImportError):
+    """A plugin module that does not import; the message names it and the cause."""
+
+
+def plugin_names(options: Iterable[str] = ()) -> list[str]:
+    """The modules named by options and $HFPARITY_PLUGINS, in that order, each once."""
+    from_env = [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",")]
+    return list(dict.fromkeys(name for name in [*options, *from_env] if name))
+
+
+def load_plugins(options: Iterable[str] = ()) -> list[str]:
+    """Import every plugin (named ones, then entry points); returns the names loaded. Importing twice is a no-op."""
+    loaded = []
+    for name in plugin_names(options):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise PluginError(f"plugin {name!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+        loaded.append(name)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:
+            raise PluginError(f"plugin entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}") from exc
+        loaded.append(ep.value)
+    return loaded

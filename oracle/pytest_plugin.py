@@ -1,0 +1,138 @@
+"""The harness's pytest plugin (entry point ``pytest11``): options, Hypothesis profiles and the session fixtures, one
+source for tests/, properties/ and any suite run with ``pytest --pyargs properties``.
+
+Options: ``--target NAME`` (a preset with ``,key=value`` overrides, or a TOML file; default ``$HFPARITY_TARGET`` or
+``cpu-fp32``, see :mod:`oracle.target`) and ``--plugin MODULE`` (repeatable; see :mod:`oracle.plugins`). A target
+that cannot run here stops the session with a usage error saying why.
+
+Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; default ``ci``):
+
+* ``ci``: derandomized (the same examples on every run), no example database, no deadline (a forward pass on a
+  loaded 2-core machine takes what it takes), print_blob so a failure replays with ``@reproduce_failure``; 25
+  examples per test before the per-test shares of :func:`oracle.budget.examples`.
+* ``deep``: 400 examples per test, random (a new seed each run), the local example database kept.
+* ``dev``: 5 examples per test, derandomized: a quick smoke run while editing.
+* ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or ``--hypothesis-seed``'s:
+  runs the statistical properties under many seeds to count false failures.
+* ``gpu``: ``ci`` with 10 examples per test, for ``--target cuda-*`` inside one 10-minute device call.
+
+HealthCheck.too_slow is suppressed everywhere: one example runs whole forward passes, which Hypothesis counts as
+slow data generation for strategies drawn inside the test, and the CI machine is shared.
+
+Threads: unless OMP_NUM_THREADS is set, the session runs torch single-threaded (and the engine, which leaves the
+thread count alone when OMP_NUM_THREADS is set, follows): on a loaded 2-core machine every OpenMP barrier can wait a
+whole time slice (a SmolLM2 generation took 16 s with 2 threads and 1.8 s with 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+from oracle.drive import EnginePool
+from oracle.hf import HFOracle
+from oracle.plugins import PluginError, load_plugins
+from oracle.target import TARGET_ENV, Target, TargetError, from_env
+
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+
+_COMMON = settings(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", _COMMON, max_examples=25, derandomize=True, database=None)
+settings.register_profile("deep", _COMMON, max_examples=400, derandomize=False)
+settings.register_profile("dev", _COMMON, max_examples=5, derandomize=True, database=None)
+settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=False, database=None)
+settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None)
+
+_TARGET_KEY = pytest.StashKey[Target]()
+
+MARKERS = (
+    "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
+    "gpu: needs a CUDA GPU; skipped without one",
+    "slow: long-running; deselect with -m 'not slow'",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hfparity", "engine-vs-HF harness")
+    group.addoption("--target", default=None, help=f"what to check (preset[,key=value...] or FILE.toml); ${TARGET_ENV}")
+    group.addoption("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (repeatable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    if not os.environ.get("OMP_NUM_THREADS"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+    # --hypothesis-profile (Hypothesis' own plugin) wins over the environment variable.
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
+    try:
+        load_plugins(config.getoption("plugin"))
+        config.stash[_TARGET_KEY] = from_env(config.getoption("target")).require()
+    except (TargetError, PluginError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    target = config.stash[_TARGET_KEY]
+    fields = ", ".join(f"{k}={v}" for k, v in target.describe().items() if k != "name")
+    return f"target: {target.name} ({fields})"
+
+
+@pytest.fixture(scope="session")
+def target(pytestconfig: pytest.Config) -> Target:
+    """The target under test (--target)."""
+    return pytestconfig.stash[_TARGET_KEY]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory, target: Target) -> dict[str, Path]:
+    """arch -> the deterministic tiny random model (oracle.zoo) at the target's head_dim, built once per session."""
+    from oracle.zoo import TINY_ARCHS, tiny_model_dir
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {arch: tiny_model_dir(arch, root, head_dim=target.head_dim) for arch in TINY_ARCHS}
+
+
+@pytest.fixture(scope="session")
+def qwen3(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["qwen3"]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    from oracle.zoo import smollm2_dir
+
+    return smollm2_dir(progress=False)
+
+
+@pytest.fixture(scope="session")
+def engines(target: Target) -> Iterator[EnginePool]:
+    """The target's engines, shut down at the end of the session."""
+    pool = EnginePool(target)
+    yield pool
+    pool.close()
+
+
+class OraclePool:
+    """oracle(model_dir, dtype=float64, device="cpu") -> the session's HFOracle for it (built once, results cached)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, torch.dtype, str], HFOracle] = {}
+
+    def __call__(self, model: str | Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> HFOracle:
+        key = (str(model), dtype, device)
+        if key not in self._cache:
+            self._cache[key] = HFOracle(model, dtype=dtype, device=device)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def oracle() -> OraclePool:
+    return OraclePool()

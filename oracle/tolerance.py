@@ -1,0 +1,71 @@
+"""Tolerances, from one place: every logit bound and near-tie rule of the harness follows from the engine's dtype.
+
+Logit bound against a float64 reference: ``max |engine - ref| <= rel * max(1, max |ref|)``. It scales with the
+row's largest logit because rounding error does (a matmul's error is relative to the magnitude of what it sums).
+Measured on the tiny models and SmolLM2-135M with prompts up to 64 tokens:
+
+* float32: worst error / scale about 1.5e-6 (SmolLM2, 30 layers), 6e-7 (tiny). rel = 5e-5 leaves a margin of 30x
+  or more; any real bug (a position off by one, a wrong mask, a stale KV slot) moves logits by O(0.1..1).
+* bfloat16: worst error / scale about 0.014 (tiny, CPU and H200), 0.033 (SmolLM2 on CPU); on the H200 FlashInfer
+  against the torch backend differs by one bf16 ulp at the largest logits (about 1% of the scale). rel = 0.06.
+
+Near-tie: a token whose logit is within the tie gap (twice the bound: each of two logits may be off by one bound)
+of its row's largest. Greedy runs may legitimately pick any token of such a tie, seen from both sides; with bf16's
+gap (about 3 logits on the tiny models) three tokens can tie, which a random tiny model showed on the H200.
+
+Yardstick: where HF itself runs at the engine's dtype, its own error against float64 on the same tokens is the
+measure of what that dtype can do: an engine row may be ``YARDSTICK_RATIO`` times as far from float64 as HF's own
+(SmolLM2's bf16 rounding over 30 layers reaches the bound in HF's run as in ours). Float32 gets no such allowance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+YARDSTICK_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class LogitTolerance:
+    """``max |actual - reference| <= rel * max(1, max |reference|)``."""
+
+    rel: float
+    dtype: torch.dtype
+
+    def bound(self, reference: torch.Tensor) -> float:
+        return self.rel * max(1.0, float(reference.abs().max()))
+
+    def tie_gap(self, reference_row: torch.Tensor) -> float:
+        """Logits closer than this may swap places between engine and reference."""
+        return 2.0 * self.bound(reference_row)
+
+    def near_tie(self, row: torch.Tensor, token: int) -> bool:
+        """Whether `token`'s logit is within the tie gap of the row's largest (the row's best itself included)."""
+        return float(row.double().max() - row[token].double()) <= self.tie_gap(row)
+
+    def yardstick_bound(self, reference: torch.Tensor, own_error: float | None) -> float:
+        """The bound, widened to YARDSTICK_RATIO x HF's own error at this dtype where it is known (not float32)."""
+        if own_error is None or self.dtype == torch.float32:
+            return self.bound(reference)
+        return max(self.bound(reference), YARDSTICK_RATIO * own_error)
+
+
+LOGIT_TOLERANCES: dict[torch.dtype, LogitTolerance] = {
+    torch.float32: LogitTolerance(5e-5, torch.float32),
+    torch.bfloat16: LogitTolerance(0.06, torch.bfloat16),
+}
+
+
+def logit_tolerance(dtype: torch.dtype) -> LogitTolerance:
+    if dtype not in LOGIT_TOLERANCES:
+        raise ValueError(f"no logit tolerance for engine dtype {dtype}; known: {sorted(map(str, LOGIT_TOLERANCES))}")
+    return LOGIT_TOLERANCES[dtype]
+
+
+def logits_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest absolute difference, computed in float64."""
+    if actual.shape != reference.shape:
+        raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
+    return float((actual.double() - reference.double()).abs().max())
