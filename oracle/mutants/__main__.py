@@ -1,11 +1,15 @@
-"""python -m oracle.mutants [--fast] [--only NAME ...] [--list]: run the mutant catalogue, print the kill table.
+"""python -m oracle.mutants [--fast] [--only NAME ...] [--list] [--target T] [--plugin M]: run the mutant catalogue,
+print the kill table (also installed as ``hfparity-mutants``).
 
-Exits 0 only if the baseline passes and every mutant is killed.
+Each pytest run checks the chosen target (``$HFPARITY_TARGET``) with the chosen plugins (``$HFPARITY_PLUGINS``):
+both travel to the child processes through the environment. Exits 0 only if the baseline passes and every mutant
+is killed, 2 on bad usage or a target that cannot run here.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .. import __version__
+from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
+from ..target import TARGET_ENV, TargetError, from_env
 from . import MUTANTS
 from .runner import BASELINE, REPO_ROOT, RunResult, job_of, run_table, write_json
 
@@ -54,9 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=1, help="mutants run in parallel (default 1)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per pytest run (default: none)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="where mutants.json and logs go")
+    parser.add_argument("--target", help=f"what the runs check (default ${TARGET_ENV} or cpu-fp32)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE in every run")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
+    try:
+        load_plugins(args.plugin)
+        target = from_env(args.target).require()
+    except (TargetError, PluginError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    os.environ[TARGET_ENV] = target.name
+    os.environ[PLUGINS_ENV] = ",".join(plugin_names(args.plugin))
 
     console = Console()
+    console.print(f"target: {target.name}", highlight=False)
     if args.list:
         console.print(_catalogue_table(args.fast))
         return 0
@@ -83,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     mode = "fast" if args.fast else "full"
     console.print(_kill_table(results, f"kill table ({mode}, {wall:.0f} s wall)"))
-    write_json(results, args.out / ("mutants-fast.json" if args.fast else "mutants.json"), args.fast)
+    write_json(results, args.out / ("mutants-fast.json" if args.fast else "mutants.json"), args.fast, target.name)
     bad = [r for r in results if not r.ok]
     if bad:
         console.print(

@@ -162,7 +162,8 @@ def run_table(
     return results
 
 
-def write_json(results: Sequence[RunResult], path: Path, fast: bool) -> None:
+def write_json(results: Sequence[RunResult], path: Path, fast: bool, target: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{**asdict(r), "ok": r.ok, "bug": MUTANTS[r.mutant].bug if r.mutant in MUTANTS else ""} for r in results]
-    path.write_text(json.dumps({"fast": fast, "all_ok": all(r.ok for r in results), "runs": rows}, indent=1))
+    record = {"fast": fast, "target": target, "all_ok": all(r.ok for r in results), "runs": rows}
+    path.write_text(json.dumps(record, indent=1))
