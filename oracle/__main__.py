@@ -1,18 +1,27 @@
-"""python -m oracle verify --model DIR [--json OUT] [--report OUT] [--quick] [--seed N] [--debug]
-
-Exit status: 0 every check passed, 1 a check failed, 2 the run could not start (bad model dir, bad arguments).
+"""``python -m oracle verify --model DIR [--target T] [--plugin MODULE ...] [--quick] [--out DIR] [--json F]
+[--report F] [--junit F] [--seed N] [--debug]``, also installed as ``hfparity-verify`` (the same options, without
+the word ``verify``). Exit status: 0 every check passed, 1 a check failed, 2 bad usage or configuration (arguments,
+a target that cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written;
+checked before the run), 3 the engine raised or produced non-finite logits during the run (the reports are still
+written, with the error recorded as a check of status "error").
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from engine import ConfigError, EngineError, ModelLoadError
+
+from . import __version__
+from .plugins import PluginError, load_plugins
+from .target import PRESETS, TARGET_ENV, TargetError, from_env
 
 _HINTS: list[tuple[type[BaseException], str]] = [
     (
@@ -26,18 +35,63 @@ _HINTS: list[tuple[type[BaseException], str]] = [
 ]
 
 
+class UsageError(Exception):
+    """An output that cannot be written; the message names it and why."""
+
+
 def _hint(exc: BaseException) -> str:
     return next(h for kind, h in _HINTS if isinstance(exc, kind))
 
 
-def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .report import console_table, failure_details, plot, summary_lines, write_json, write_markdown
-    from .verify import FULL, QUICK, steps_of, verify
+@dataclass(frozen=True)
+class Outputs:
+    json: Path
+    report: Path
+    junit: Path | None
 
+    @property
+    def png(self) -> Path:
+        return self.report.with_suffix(".png")
+
+    def paths(self) -> list[Path]:
+        return [self.json, self.report, self.png, *([self.junit] if self.junit else [])]
+
+
+def outputs_of(args: argparse.Namespace) -> Outputs:
+    stem = f"verify-{Path(args.model).resolve().name}"
+    return Outputs(args.json or args.out / f"{stem}.json", args.report or args.out / f"{stem}.md", args.junit)
+
+
+def check_writable(path: Path) -> None:
+    """Raise UsageError unless a file can be written at `path`; creates nothing."""
+    if path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {path}: the file is not writable")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:  # the first existing ancestor: the dirs are made later
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {path}: {parent} is not writable")
+
+
+def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .verify import FULL, QUICK, report, steps_of, verify
+
+    try:
+        plugins = load_plugins(args.plugin)
+        target = from_env(args.target).require()
+        outputs = outputs_of(args)
+        for path in outputs.paths():
+            check_writable(path)
+    except (PluginError, TargetError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model = Path(args.model)
-    stem = f"verify-{model.resolve().name}"
-    json_path = args.json or args.out / f"{stem}.json"
-    report_path = args.report or args.out / f"{stem}.md"
     plan = QUICK if args.quick else FULL
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
@@ -46,33 +100,50 @@ def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
         def advance(what: str) -> None:
             progress.update(task, advance=1, description=what)
 
-        result = verify(model, quick=args.quick, seed=args.seed, advance=advance)
-    out.print(console_table(result))
-    for detail in failure_details(result):
-        out.print(f"[bold red]FAILED[/] {detail}", highlight=False)
-    png = report_path.with_suffix(".png") if result.figure is not None else None
+        result = verify(model, args.quick, args.seed, advance, target, plugins, catch_errors=not args.debug)
+    out.print(report.console_table(result))
+    for detail in report.failure_details(result):
+        out.print(f"[bold red]{'ERROR' if detail.startswith('run / ') else 'FAILED'}[/] {detail}", highlight=False)
+    png = outputs.png if result.figure is not None else None
     if png is not None and result.figure is not None:
-        plot(result.figure, png)
-    write_json(result, json_path)
-    write_markdown(result, report_path, png)
-    for line in summary_lines(result):
+        report.plot(result.figure, png)
+    report.write_json(result, outputs.json)
+    report.write_markdown(result, outputs.report, png)
+    written = [outputs.json, outputs.report, *([png] if png else [])]
+    if outputs.junit is not None:
+        report.write_junit(result, outputs.junit)
+        written.append(outputs.junit)
+    for line in report.summary_lines(result):
         out.print(line, highlight=False)
-    out.print(f"wrote {json_path}, {report_path}" + (f", {png}" if png else ""), highlight=False)
-    return 0 if result.passed else 1
+    out.print("wrote " + ", ".join(map(str, written)), highlight=False)
+    return {"pass": 0, "fail": 1, "error": 3}[result.status]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle", description="Verification of the engine against HF.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("verify", help="run the verification report on one model dir")
-    p.add_argument("--model", required=True, help="Hugging Face model dir (Llama, Qwen2 or Qwen3)")
+def _add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face model dir (Llama, Qwen2, Qwen3, Qwen3-MoE)")
+    p.add_argument(
+        "--target",
+        help=f"what to check: a preset ({', '.join(PRESETS)}) with ,key=value overrides, or FILE.toml "
+        f"(default ${TARGET_ENV} or cpu-fp32)",
+    )
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (repeatable)")
     p.add_argument("--json", type=Path, help="JSON output (default: OUT/verify-<model>.json)")
-    p.add_argument("--report", type=Path, help="markdown report; the plot goes next to it as .png")
+    p.add_argument(
+        "--report", type=Path, help="markdown report (default: OUT/verify-<model>.md); the plot goes beside it"
+    )
+    p.add_argument("--junit", type=Path, help="also write a JUnit XML report here (one testcase per check)")
     p.add_argument("--out", type=Path, default=Path("reports"), help="default output dir (default: reports/)")
     p.add_argument("--quick", action="store_true", help="fewer prompts, tokens, grid points and samples")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling (default 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    args = parser.parse_args(argv)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: 2 on bad usage, 0 after --help / --version
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     out, err = Console(), Console(stderr=True)
     try:
         return _verify(args, out, err)
@@ -84,6 +155,25 @@ def main(argv: list[str] | None = None) -> int:
             f"error: {type(exc).__name__}: {message}\nhint: {_hint(exc)} (--debug shows the traceback)", file=sys.stderr
         )
         return 2
+
+
+def verify_parser(prog: str = "hfparity-verify") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Verify the engine against HF on one model dir.")
+    _add_verify_arguments(parser)
+    return parser
+
+
+def verify_main(argv: list[str] | None = None) -> int:
+    """The verify command without its subcommand word (the ``hfparity-verify`` console script)."""
+    return _run(verify_parser(), argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oracle", description="Verification of the engine against HF.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_verify_arguments(sub.add_parser("verify", help="run the verification report on one model dir"))
+    return _run(parser, argv)
 
 
 if __name__ == "__main__":

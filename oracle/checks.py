@@ -8,6 +8,7 @@ both sides), where the comparison stops, because the sequences (and so their pre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,24 @@ from oracle.stats import chi_square_gof, support_check
 from oracle.tolerance import LogitTolerance, logits_error
 
 
+@dataclass(frozen=True)
+class LogitError:
+    """The largest |actual - reference| and where it is: index into the tensors, and both sides' values there."""
+
+    value: float
+    index: tuple[int, ...]
+    actual: float
+    reference: float
+
+
+def worst_logit_error(actual: torch.Tensor, reference: torch.Tensor) -> LogitError:
+    """max |actual - reference| in float64 (oracle.tolerance.logits_error) and its position."""
+    value = logits_error(actual, reference)
+    diff = (actual.double() - reference.double()).abs()
+    index = tuple(int(i) for i in torch.unravel_index(diff.flatten().nan_to_num(math.inf).argmax(), diff.shape))
+    return LogitError(value, index, float(actual[index]), float(reference[index]))
+
+
 def assert_logits_close(
     actual: torch.Tensor, reference: torch.Tensor, tol: LogitTolerance, what: str, slack: float = 0.0
 ) -> float:
@@ -27,18 +46,14 @@ def assert_logits_close(
     slack: extra absolute error allowed, e.g. the error HF itself makes at the engine's dtype (see
     test_prefill_logits: a bf16 MoE router can pick other experts than the float64 one, in HF as in the engine).
     """
-    err = logits_error(actual, reference)
+    worst = worst_logit_error(actual, reference)
     bound = tol.bound(reference) + slack
-    if not err <= bound:
-        diff = (actual.double() - reference.double()).abs().flatten()
-        worst = int(diff.argmax())
+    if not worst.value <= bound:
         raise AssertionError(
-            f"{what}: max |logit error| {err:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}, slack {slack:.3g}); "
-            f"worst at flat "
-            f"index {worst}: engine {float(actual.flatten()[worst]):.6g} vs reference "
-            f"{float(reference.flatten()[worst]):.6g}"
+            f"{what}: max |logit error| {worst.value:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}, slack "
+            f"{slack:.3g}); worst at index {worst.index}: engine {worst.actual:.6g} vs reference {worst.reference:.6g}"
         )
-    return err
+    return worst.value
 
 
 def _below_best(row: torch.Tensor, token: int) -> float:
@@ -87,28 +102,55 @@ def compare_greedy(
     return GreedyComparison(len(ours), None, None)
 
 
-def check_forced_greedy(
+@dataclass(frozen=True)
+class Mismatch:
+    """A greedy position where the engine's token is neither the argmax (of its own row and of the reference's) nor a
+    near-tie of it. expected: the token it should have been; gap: how far `token` lies below the best of the row
+    that rejects it."""
+
+    position: int
+    token: int
+    expected: int
+    gap: float
+    message: str
+
+
+def forced_greedy_mismatches(
     tokens: Sequence[int], ours_logits: Sequence[torch.Tensor], ref_logits: torch.Tensor, tol: LogitTolerance
-) -> str | None:
-    """Greedy tokens against a reference teacher-forced on the same sequence; None if they agree.
+) -> list[Mismatch]:
+    """Every position where greedy tokens disagree with a reference teacher-forced on the same sequence.
 
     ref_logits[i] is the reference's row for the prefix that produced tokens[i], so the prefixes never diverge
     and every position is checked: each token must be the argmax of the engine's own row and of the reference
     row, or a near-tie of both.
     """
+    out = []
     for i, token in enumerate(tokens):
         own = ours_logits[i]
         if own[token] != own.max():
-            return f"token {i}: the engine picked {token}, not the argmax {int(own.argmax())} of its own logits"
+            best = int(own.argmax())
+            message = f"token {i}: the engine picked {token}, not the argmax {best} of its own logits"
+            out.append(Mismatch(i, token, best, _below_best(own, token), message))
+            continue
         best = int(ref_logits[i].argmax())
         if ref_logits[i][token] == ref_logits[i][best]:
             continue
         if not (tol.near_tie(ref_logits[i], token) and tol.near_tie(own, best)):
-            return (
-                f"token {i}: engine {token} vs reference argmax {best}; {_below_best(ref_logits[i], token):.3g} below "
-                f"the reference's best (near-tie within {tol.tie_gap(ref_logits[i]):.3g}); tokens {list(tokens)}"
+            gap = _below_best(ref_logits[i], token)
+            message = (
+                f"token {i}: engine {token} vs reference argmax {best}; {gap:.3g} below the reference's best "
+                f"(near-tie within {tol.tie_gap(ref_logits[i]):.3g})"
             )
-    return None
+            out.append(Mismatch(i, token, best, gap, message))
+    return out
+
+
+def check_forced_greedy(
+    tokens: Sequence[int], ours_logits: Sequence[torch.Tensor], ref_logits: torch.Tensor, tol: LogitTolerance
+) -> str | None:
+    """The first of :func:`forced_greedy_mismatches`, as a message naming the tokens; None if they agree."""
+    mismatches = forced_greedy_mismatches(tokens, ours_logits, ref_logits, tol)
+    return f"{mismatches[0].message}; tokens {list(tokens)}" if mismatches else None
 
 
 def check_sample_counts(

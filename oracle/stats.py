@@ -25,6 +25,9 @@ from scipy import stats as sps
 FAMILY_ALPHA = 1e-3
 """Family-wise probability that one full CI run fails although the engine is correct."""
 
+MIN_EXPECTED = 5.0
+"""Cochran's rule: a chi-square bucket needs an expected count of about 5; smaller ones are pooled."""
+
 ArrayLike: TypeAlias = torch.Tensor | npt.NDArray[Any]
 
 _WORST_SHOWN = 8  # bins listed in a failure message
@@ -114,7 +117,7 @@ def chi_square_gof(
     probs: ArrayLike,
     alpha: float,
     exclude: ArrayLike | None = None,
-    min_expected: float = 5.0,
+    min_expected: float = MIN_EXPECTED,
 ) -> ChiSquareResult:
     """Pearson chi-square test that ``counts`` (per token) were drawn from ``probs``.
 

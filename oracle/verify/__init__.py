@@ -1,0 +1,141 @@
+"""``python -m oracle verify --model DIR``: the engine against HF on one model dir, for the chosen target — greedy
+parity and logit error against HF float64, decode ≡ prefill, split prefill ≡ prefill, seeded sampling, bitwise bf16
+RMSNorm (:mod:`.sections`) and chi-square / support tests of the target's sampler over a grid of sampling params
+(:mod:`.statistics`), planned by :mod:`.plan`, collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from engine import SamplingParams
+from engine.driver import PageLayout, StaticDriver
+
+from ..hf import HFOracle
+from ..stats import FAMILY_ALPHA, AlphaBudget
+from ..target import Target, from_env
+from .environment import Environment, environment
+from .plan import FULL, QUICK, Plan, load_tokenizer, make_prompts, steps_of, text_decoder, token_labeler
+from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult
+from .sections import (
+    build_engine,
+    check_bf16_norms,
+    check_greedy_and_logits,
+    check_prefill_consistency,
+    check_seeded,
+)
+from .statistics import (
+    SamplingCase,
+    boundary_cases,
+    check_sampling,
+    chi_square_check,
+    detectable_w,
+    sampling_cases,
+    testable_tokens,
+)
+
+__all__ = [
+    "FULL",
+    "QUICK",
+    "STATUSES",
+    "Check",
+    "Environment",
+    "Figure",
+    "PassesWhen",
+    "Plan",
+    "SamplingCase",
+    "Status",
+    "VerifyResult",
+    "boundary_cases",
+    "check_bf16_norms",
+    "chi_square_check",
+    "detectable_w",
+    "sampling_alpha",
+    "sampling_cases",
+    "steps_of",
+    "testable_tokens",
+    "verify",
+]
+
+
+def sampling_alpha(plan: Plan) -> float:
+    """α per statistical test: the family budget (1e-3 per run) split by Bonferroni over the plan's chi-square and
+    support checks."""
+    return AlphaBudget(tests=2 * plan.sampling_cases, total=FAMILY_ALPHA).per_test
+
+
+def verify(
+    model: str | Path,
+    quick: bool = False,
+    seed: int = 0,
+    advance: Callable[[str], None] | None = None,
+    target: Target | None = None,
+    plugins: Sequence[str] = (),
+    catch_errors: bool = True,
+) -> VerifyResult:
+    """Run every section on `model` for `target` (default: $HFPARITY_TARGET's, else cpu-fp32).
+
+    Before the run, a target that cannot run here raises TargetError and a bad model dir EngineError / OSError.
+    Once the engine and HF are loaded, an exception stops the run and becomes a check with status "error" in
+    section "run" (the checks done so far are kept), or propagates with catch_errors=False. plugins: the plugin
+    modules loaded, recorded in the result.
+    """
+    step = advance or (lambda _: None)
+    start = time.perf_counter()
+    target = (target or from_env()).require()
+    model = Path(model)
+    plan = QUICK if quick else FULL
+    engine = build_engine(target, model, rows=plan.prompts, seed=seed)
+    try:
+        step("engine loaded")
+        tokenizer = load_tokenizer(model)
+        prompts, labels = make_prompts(tokenizer, plan.prompts, engine.model_config.vocab_size, seed)
+        hf = HFOracle(model, dtype=torch.float64)
+        hf.model  # noqa: B018 - load now, so the progress step measures it
+        step("HF float64 loaded")
+        hf_bf16 = HFOracle(model, dtype=torch.bfloat16, device=target.device)
+        yardstick = None if engine.dtype == torch.float32 else hf_bf16  # Target.require: float32 or bfloat16
+        dtype = str(engine.dtype).removeprefix("torch.")
+        alpha = sampling_alpha(plan)
+        result = VerifyResult(str(model), plan.name, target, dtype, seed, alpha, environment(target), list(plugins))
+        result.prompts = prompts
+        tol, token_label = target.tolerance, token_labeler(tokenizer)
+        stage = "greedy generation"
+        try:
+            gens = StaticDriver(engine, PageLayout("shuffled", seed), record_logits=True).generate(
+                prompts, SamplingParams(temperature=0.0, max_tokens=plan.max_tokens, ignore_eos=True)
+            )
+            step("engine greedy generation")
+            stage = "greedy parity and logit error"
+            decode = text_decoder(tokenizer)
+            result.checks += check_greedy_and_logits(
+                gens, prompts, labels, hf, yardstick, tol, token_label, decode, step
+            )
+            stage = "decode and split prefill"
+            result.checks += check_prefill_consistency(engine, gens, prompts, labels, tol)
+            step("decode and split prefill vs prefill")
+            stage = "seeded sampling"
+            result.checks += check_seeded(engine, prompts, labels, seed)
+            step("seeded sampling")
+            stage = "bf16 norms"
+            result.checks += check_bf16_norms(model, seed, target, hf_bf16)
+            step("bf16 norms")
+            stage = "sampling"
+            rows = [g.logits[0] for g in gens]
+            cases = sampling_cases(rows, plan)
+            sampling, result.figure = check_sampling(
+                engine, rows, labels, cases, alpha, seed, token_label, step, plan.samples
+            )
+            result.checks += sampling
+        except Exception as exc:  # the report records it (exit 3); --debug re-raises instead
+            if not catch_errors:
+                raise
+            result.checks.append(Check.error(stage, exc))
+    finally:
+        engine.shutdown()
+    result.seconds = time.perf_counter() - start
+    return result

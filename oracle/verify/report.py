@@ -1,0 +1,255 @@
+"""Renders a :class:`VerifyResult`: summary lines, the console table, JSON (schema below, see README), markdown,
+JUnit XML (one testcase per check) and the PNG plot of the sampled row."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import xml.etree.ElementTree as ET
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from ..tolerance import YARDSTICK_RATIO
+from .result import Check, Figure, Status, VerifyResult
+
+SCHEMA_VERSION = 1
+_WORDS: dict[Status, str] = {"pass": "passed", "fail": "failed", "not-tested": "not tested", "error": "errors"}
+_MARKS: dict[Status, str] = {
+    "pass": "[green]pass[/]",
+    "fail": "[bold red]FAIL[/]",
+    "not-tested": "[yellow]not tested[/]",
+    "error": "[bold red]ERROR[/]",
+}
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return ""
+    if x == 0 or math.isinf(x):
+        return f"{x:g}"
+    return f"{x:.3g}"
+
+
+def tally(checks: list[Check]) -> str:
+    """'17 passed, 1 not tested': the passed count, then every other status that occurs."""
+    counts = {s: sum(c.status == s for c in checks) for s in _WORDS}
+    others = [f"{counts[s]} {_WORDS[s]}" for s in _WORDS if s != "pass" and counts[s]]
+    return ", ".join([f"{counts['pass']} passed", *others])
+
+
+def _section_note(section: str, checks: list[Check], alpha: float) -> str:
+    if section == "sampling":
+        chi = [c.value for c in checks if c.name.startswith("chi-square") and c.value is not None]
+        return f", α = {alpha:.2g} per test, smallest chi-square p = {_fmt(min(chi, default=None))}"
+    if section in ("bf16 norms", "run"):
+        return f": {checks[0].detail.splitlines()[0]}"
+    measured = [c for c in checks if c.value is not None and c.limit]
+    if not measured:
+        return ""
+    worst = max(measured, key=lambda c: (c.value or 0.0) / (c.limit or 1.0))
+    return f", worst |Δlogit| {_fmt(worst.value)} (bound {_fmt(worst.limit)})"
+
+
+def verdict(result: VerifyResult) -> str:
+    return {"pass": "PASS", "fail": "FAIL", "error": "ERROR"}[result.status]
+
+
+def summary_lines(result: VerifyResult) -> list[str]:
+    lines = []
+    for section in result.sections():
+        checks = result.section(section)
+        lines.append(f"{section}: {tally(checks)}{_section_note(section, checks, result.alpha)}")
+    lines.append(
+        f"verdict: {verdict(result)}: {tally(result.checks)} ({result.plan}, target {result.target.name}, dtype "
+        f"{result.dtype}, {result.seconds:.0f} s)"
+    )
+    return lines
+
+
+def console_table(result: VerifyResult) -> Table:
+    table = Table(title=f"verify {result.model} ({result.plan}, target {result.target.name})")
+    for col in ("section", "check", "result", "value", "limit"):
+        table.add_column(col, overflow="fold")
+    for check in (c for section in result.sections() for c in result.section(section)):
+        limit = f"{check.passes_when} {_fmt(check.limit)}" if check.passes_when and check.limit is not None else ""
+        table.add_row(check.section, check.name, _MARKS[check.status], _fmt(check.value), limit)
+    return table
+
+
+def failure_details(result: VerifyResult) -> list[str]:
+    """'section / name:\\ndetail' for every failed or errored check."""
+    return [f"{c.section} / {c.name}:\n{c.detail}" for c in result.checks if c.status in ("fail", "error")]
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None  # strict JSON has no inf / NaN
+
+
+def to_json(result: VerifyResult) -> dict[str, Any]:
+    """The report as plain data (schema_version 1; README describes the fields)."""
+    checks = [
+        {
+            "name": c.name,
+            "section": c.section,
+            "value": _finite(c.value),
+            "limit": _finite(c.limit),
+            "passes_when": c.passes_when,
+            "status": c.status,
+            "detail": c.detail,
+        }
+        for c in result.checks
+    ]
+    env = result.environment
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": result.status,
+        "passed": result.passed,
+        "counts": result.counts(),
+        "summary": summary_lines(result),
+        "model": result.model,
+        "plan": result.plan,
+        "target": result.target.describe(),
+        "dtype": result.dtype,
+        "seed": result.seed,
+        "alpha": result.alpha,
+        "commit": env.commit,
+        "versions": env.versions,
+        "device": env.device,
+        "plugins": result.plugins,
+        "seconds": result.seconds,
+        "checks": checks,
+        "figure": asdict(result.figure) if result.figure is not None else None,
+        "prompts": result.prompts,
+    }
+
+
+def write_json(result: VerifyResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_json(result), indent=1, allow_nan=False))
+
+
+def write_junit(result: VerifyResult, path: Path) -> None:
+    """JUnit XML: a testsuite per section, a testcase per check; fail -> failure, error -> error, not-tested ->
+    skipped."""
+    counts = result.counts()
+    root = ET.Element(
+        "testsuites",
+        name="hfparity-verify",
+        tests=str(len(result.checks)),
+        failures=str(counts["fail"]),
+        errors=str(counts["error"]),
+        skipped=str(counts["not-tested"]),
+        time=f"{result.seconds:.3f}",
+    )
+    env = result.environment
+    for section in result.sections():
+        checks = result.section(section)
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=section,
+            tests=str(len(checks)),
+            failures=str(sum(c.status == "fail" for c in checks)),
+            errors=str(sum(c.status == "error" for c in checks)),
+            skipped=str(sum(c.status == "not-tested" for c in checks)),
+            hostname=platform.node(),
+        )
+        props = ET.SubElement(suite, "properties")
+        for key, value in (
+            ("model", result.model),
+            ("target", result.target.name),
+            ("commit", env.commit),
+            ("device", env.device),
+        ):
+            ET.SubElement(props, "property", name=key, value=value)
+        for c in checks:
+            case = ET.SubElement(suite, "testcase", classname=f"verify.{section}", name=c.name, time="0")
+            value = "" if c.value is None else f"value {_fmt(c.value)} (passes when {c.passes_when} {_fmt(c.limit)})"
+            tag = {"fail": "failure", "error": "error", "not-tested": "skipped"}.get(c.status)
+            if tag is not None:
+                first = c.detail.splitlines()[0] if c.detail else c.status
+                ET.SubElement(case, tag, message=first).text = "\n".join(filter(None, [value, c.detail]))
+            elif value:
+                ET.SubElement(case, "system-out").text = f"{value}\n{c.detail}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def plot(figure: Figure, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    labels = [*figure.labels, "rest"]
+    expected = [*figure.expected, figure.rest_expected]
+    observed = [*figure.observed, figure.rest_observed]
+    x = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(labels)), 4.5))
+    ax.bar([i - 0.2 for i in x], expected, width=0.4, label="expected (oracle.sampler)")
+    ax.bar([i + 0.2 for i in x], observed, width=0.4, label=f"observed (engine, n={figure.n})")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("frequency")
+    ax.set_title(figure.title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+_MD_STATUS: dict[Status, str] = {"pass": "pass", "fail": "**FAIL**", "not-tested": "not tested", "error": "**ERROR**"}
+
+
+def reproduce_command(result: VerifyResult) -> str:
+    parts = ["python -m oracle verify", f"--model {result.model}", f"--target {result.target.name}"]
+    parts += [f"--plugin {p}" for p in result.plugins]
+    parts += ["--quick"] if result.plan == "quick" else []
+    return " ".join([*parts, f"--seed {result.seed}"])
+
+
+def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
+    env = result.environment
+    out = [f"# Verification report: `{result.model}`", ""]
+    out.append(
+        f"**{verdict(result)}**: {tally(result.checks)} ({result.plan} plan, target `{result.target.name}`, engine "
+        f"dtype {result.dtype}, seed {result.seed}, {result.seconds:.0f} s)."
+    )
+    versions = ", ".join(f"{k} {v}" for k, v in env.versions.items())
+    out += ["", f"Commit `{env.commit}` on {env.device}; {versions}."]
+    out += ["", *[f"- {line}" for line in summary_lines(result)], ""]
+    for section in result.sections():
+        out += [f"## {section}", "", "| check | result | value | limit | detail |", "|---|---|---|---|---|"]
+        for c in result.section(section):
+            detail = _md_cell(c.detail.splitlines()[0] if c.passed and c.detail else c.detail)
+            limit = f"{c.passes_when} {_fmt(c.limit)}" if c.passes_when and c.limit is not None else ""
+            out.append(
+                f"| {_md_cell(c.name)} | {_MD_STATUS[c.status]} | {_fmt(c.value)} | {_md_cell(limit)} | {detail} |"
+            )
+        out.append("")
+    if png is not None and result.figure is not None:
+        out += ["## Sampled row", "", f"![{result.figure.title}]({png.name})", ""]
+    out += [
+        "## How to read this",
+        "",
+        "- greedy parity: HF float64 teacher-forced on the engine's tokens; each token must be HF's argmax, or a",
+        "  near-tie of it (vLLM's rule, `oracle.checks`).",
+        "- logit error / decode ≡ prefill: max |Δlogit| against `rel × max(1, max |ref|)` (`oracle.tolerance`); on a",
+        f"  bf16 target widened to {YARDSTICK_RATIO:g} × HF's own bf16 error where that is larger.",
+        f"- sampling: chi-square and support tests at α = {result.alpha:.3g} each (family budget 1e-3 per run,",
+        "  Bonferroni); tokens whose keep/drop decision is within tolerance of a threshold are excluded. A",
+        "  chi-square left with one bucket has nothing to test: it is *not tested*, never a pass.",
+        f"- reproduce: `{reproduce_command(result)}`",
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
