@@ -5,6 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 CONSTRAINTS := constraints-cpu.txt
 PYTEST_ARGS ?=
+# `make test TARGET=cpu-bf16 PLUGIN=mykernels`: what every pytest run, verify and the mutant table check.
+ifdef TARGET
+export HFPARITY_TARGET := $(TARGET)
+endif
+ifdef PLUGIN
+export HFPARITY_PLUGINS := $(PLUGIN)
+endif
 
 .PHONY: venv model test demo lint properties-deep mutants bench clean
 

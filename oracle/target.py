@@ -140,9 +140,9 @@ def _field(key: str, value: object) -> object:
             return _BOOLS[value.lower()]
         raise TargetError(f"graphs={value!r}: use on or off")
     if key == "page_sizes":
-        items = value.replace(":", "/").split("/") if isinstance(value, str) else value
+        items: Any = value.replace(":", "/").split("/") if isinstance(value, str) else value
         try:
-            sizes = tuple(int(v) for v in items)  # type: ignore[union-attr]
+            sizes = tuple(int(v) for v in items)
         except (TypeError, ValueError):
             raise TargetError(f"page_sizes={value!r}: use sizes separated by '/', e.g. 1/4/16") from None
         if not sizes or min(sizes) < 1:

@@ -1,0 +1,157 @@
+"""Targets, the registries and plugin loading: what a user types picks exactly the engine that gets checked, and
+anything that cannot run here is refused with the reason."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import ATTENTION_BACKENDS, ConfigError, Engine, Registry, Where
+from engine.attention import TorchAttnBackend
+from oracle.plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
+from oracle.target import PRESETS, TARGET_ENV, TargetError, from_env, parse
+
+CPU32 = Where(torch.device("cpu"), torch.float32, 16)
+
+
+def test_presets_name_the_paths_they_check() -> None:
+    assert parse("cpu-fp32") == PRESETS["cpu-fp32"]
+    gpu = parse("cuda-bf16")
+    assert (gpu.device, gpu.dtype, gpu.attention, gpu.kernels, gpu.sampler, gpu.graphs) == (
+        "cuda",
+        "bfloat16",
+        "flashinfer",
+        "triton",
+        "flashinfer",
+        True,
+    )
+    assert gpu.page_sizes == (1, 4, 16) and gpu.head_dim == 64
+    reference = parse("cuda-bf16-torch")
+    assert (reference.attention, reference.kernels, reference.sampler) == ("torch", "torch", "torch")
+
+
+def test_overrides_and_toml_files(tmp_path: Path) -> None:
+    t = parse("cuda-bf16, page_sizes=1/16, graphs=off, dtype=bf16")
+    assert t.page_sizes == (1, 16) and t.graphs is False and t.dtype == "bfloat16" and t.attention == "flashinfer"
+    assert parse("dtype=bfloat16").device == "cpu"  # no preset: overrides of the default
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "cpu-fp32"\nattention = "example"\npage_sizes = [2, 8]\ngraphs = false\n')
+    t = parse(str(path))
+    assert (t.name, t.attention, t.page_sizes) == ("mine", "example", (2, 8))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gpu-fast", "unknown target preset 'gpu-fast'"),
+        ("cpu-fp32,colour=red", "unknown target key(s) colour"),
+        ("cpu-fp32,graphs=maybe", "graphs='maybe'"),
+        ("cpu-fp32,page_sizes=0/4", "page_sizes='0/4'"),
+        ("cpu-fp32,page_sizes=a", "page_sizes='a'"),
+        ("cpu-fp32,head_dim=3", "head_dim='3'"),
+        ("cpu-fp32,device=tpu", "device='tpu'"),
+        ("cpu-fp32,dtype=int8", "dtype='int8'"),
+        ("cpu-fp32,attention", "use key=value"),
+        ("/nonexistent/t.toml", "target file /nonexistent/t.toml"),
+    ],
+)
+def test_bad_targets_say_which_key(text: str, message: str) -> None:
+    with pytest.raises(TargetError) as info:
+        parse(text)
+    assert message in str(info.value)
+
+
+def test_a_target_that_cannot_run_here_says_why() -> None:
+    assert parse("cpu-fp32").require() == parse("cpu-fp32")
+    with pytest.raises(TargetError, match="float64: the harness has no logit tolerance"):
+        parse("cpu-fp32,dtype=float64").require()
+    with pytest.raises(TargetError, match="attention=mine: attention_backend='mine' is unknown"):
+        parse("cpu-fp32,attention=mine").require()
+    with pytest.raises(TargetError, match="graphs=on: CUDA graphs need device=cuda"):
+        parse("cpu-fp32,graphs=on").require()
+    if not torch.cuda.is_available():
+        with pytest.raises(TargetError, match="device=cuda: no CUDA device is available here"):
+            parse("cuda-bf16").require()
+
+
+def test_the_environment_gives_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TARGET_ENV, "cpu-bf16")
+    assert from_env().name == "cpu-bf16"
+    assert from_env("cpu-fp32").name == "cpu-fp32"
+    monkeypatch.delenv(TARGET_ENV)
+    assert from_env().name == "cpu-fp32"
+
+
+def test_engine_config_carries_every_choice(tiny_models: dict[str, Path]) -> None:
+    config = parse("cpu-bf16,attention=torch").engine_config(tiny_models["qwen3"], page_size=4)
+    assert (config.device, config.dtype, config.attention_backend, config.layer_kernels) == (
+        "cpu",
+        "bfloat16",
+        "torch",
+        "torch",
+    )
+    assert (config.sampler_backend, config.cuda_graph_bs, config.page_size) == ("torch", [], 4)
+    assert parse("cuda-bf16").engine_config(tiny_models["qwen3"]).cuda_graph_bs is None  # graphs: the default set
+
+
+def test_registry_rules() -> None:
+    reg: Registry[str] = Registry("thing", preferred=("fast",))
+    reg.register("torch", "reference")
+    reg.register("fast", "quick", unusable=lambda w: None if w.device.type == "cuda" else "it needs CUDA")
+    assert reg.resolve("auto", CPU32) == "torch"  # the preferred one cannot serve here
+    assert reg.resolve("auto", Where(torch.device("cuda"), torch.bfloat16, 64)) == "fast"
+    with pytest.raises(ConfigError, match="thing='fast' cannot be used: it needs CUDA"):
+        reg.resolve("fast", CPU32)
+    with pytest.raises(ConfigError, match="thing='slow' is unknown; known: auto, fast, torch"):
+        reg.resolve("slow", CPU32)
+    with pytest.raises(ConfigError, match="already registered"):
+        reg.register("fast", "again")
+    reg.register("fast", "again", replace=True)
+    assert reg.factory("fast") == "again"
+    with pytest.raises(ConfigError, match="cannot be registered"):
+        reg.register("auto", "x")
+    with pytest.raises(ConfigError, match="cannot be removed"):
+        reg.unregister("torch")
+    reg.unregister("fast")
+    assert reg.names() == ["auto", "torch"]
+
+
+def test_a_registered_backend_serves_the_engine(tiny_models: dict[str, Path]) -> None:
+    built: list[str] = []
+
+    def factory(kv, table, heads, device):  # type: ignore[no-untyped-def]
+        built.append("mine")
+        return TorchAttnBackend(kv, table, heads)
+
+    ATTENTION_BACKENDS.register("test-mine", factory)
+    try:
+        engine = Engine(parse("cpu-fp32,attention=test-mine").require().engine_config(tiny_models["qwen3"]))
+        engine.shutdown()
+        assert built == ["mine"]
+    finally:
+        ATTENTION_BACKENDS.unregister("test-mine")
+    assert "test-mine" not in ATTENTION_BACKENDS
+
+
+def test_plugins_load_by_name_and_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PLUGINS_ENV, "examples.my_attention, json")
+    assert plugin_names(["examples.my_attention"]) == ["examples.my_attention", "json"]
+    assert load_plugins()[:2] == ["examples.my_attention", "json"]
+    assert "example" in ATTENTION_BACKENDS and "examples.my_attention" in sys.modules
+    with pytest.raises(PluginError, match="plugin 'no_such_plugin_module' could not be imported: ModuleNotFoundError"):
+        load_plugins(["no_such_plugin_module"])
+
+
+def test_sampler_backend_is_chosen_by_name(tiny_models: dict[str, Path]) -> None:
+    from engine import EngineConfig
+
+    with pytest.raises(ConfigError, match="sampler_backend=3 is invalid"):
+        EngineConfig(str(tiny_models["qwen3"]), sampler_backend=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="sampler_backend='flashinfer' cannot be used: it needs a CUDA device"):
+        Engine(EngineConfig(str(tiny_models["qwen3"]), device="cpu", sampler_backend="flashinfer"))
+    engine = Engine(EngineConfig(str(tiny_models["qwen3"]), device="cpu", sampler_backend="torch"))
+    assert not engine.sampler.use_flashinfer
+    engine.shutdown()
