@@ -1,43 +1,71 @@
-"""python -m oracle verify: it passes on a correct engine, reports a broken model dir in one line, and fails when
-a mutant is active (the harness catches real bugs)."""
+"""python -m oracle verify: it passes on a correct engine, writes a report CI can read (JSON schema 1, markdown,
+JUnit), reports bad usage in one line with exit 2 before any engine is built, records an engine error with exit 3,
+checks the target asked for (plugins included), and fails when a mutant is active (the harness catches real bugs)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from engine import ModelLoadError
-from oracle.__main__ import main
+from engine import EngineError, ModelLoadError
+from engine.attention import TorchAttnBackend
+from engine.engine import Engine
+from engine.sample import Sampler
+from oracle import __version__
+from oracle.__main__ import main, verify_main
 from oracle.mutants import activate
-from oracle.verify import check_bf16_norms, verify
+from oracle.stats import chi_square_gof
+from oracle.target import PRESETS, Target
+from oracle.verify import Check, Environment, VerifyResult, check_bf16_norms, chi_square_check, verify
+from oracle.verify.report import summary_lines
+
+SECTIONS = {
+    "greedy parity",
+    "logit error",
+    "decode ≡ prefill",
+    "split prefill ≡ prefill",
+    "seeded sampling",
+    "bf16 norms",
+    "sampling",
+}
+CHECK_FIELDS = {"name", "section", "value", "limit", "passes_when", "status", "detail"}
 
 
-def test_quick_verify_passes_and_writes_json_markdown_and_plot(
+def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = tiny_models["qwen3"]
-    assert main(["verify", "--model", str(model), "--quick", "--out", str(tmp_path)]) == 0
+    junit = tmp_path / "junit" / "verify.xml"
+    assert main(["verify", "--model", str(model), "--quick", "--out", str(tmp_path), "--junit", str(junit)]) == 0
     stdout = capsys.readouterr().out
     assert "verdict: PASS" in stdout
     data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
+    assert data["schema_version"] == 1 and data["status"] == "pass"
     assert data["passed"] and data["plan"] == "quick" and data["dtype"] == "float32"
-    sections = {c["section"] for c in data["checks"]}
-    assert {
-        "greedy parity",
-        "logit error",
-        "decode ≡ prefill",
-        "split prefill ≡ prefill",
-        "seeded sampling",
-        "bf16 norms",
-        "sampling",
-    } <= sections
-    assert all(c["passed"] for c in data["checks"])
+    assert data["target"] == PRESETS["cpu-fp32"].describe() | {"page_sizes": list(PRESETS["cpu-fp32"].page_sizes)}
+    assert data["commit"] and {"python", "torch", "transformers", "hfparity-engine"} <= set(data["versions"])
+    assert data["device"]
+    assert {c["section"] for c in data["checks"]} >= SECTIONS
+    assert all(set(c) == CHECK_FIELDS for c in data["checks"])
+    assert all(c["passes_when"] in ("<=", ">=", "==") for c in data["checks"])
+    # every chi-square has two buckets or more: none is a trivial pass, none is left not-tested
+    assert all(c["status"] == "pass" for c in data["checks"]), [c for c in data["checks"] if c["status"] != "pass"]
+    assert data["counts"] == {"pass": len(data["checks"]), "fail": 0, "not-tested": 0, "error": 0}
     markdown = (tmp_path / "verify-tiny-qwen3.md").read_text()
     assert "**PASS**" in markdown and "](verify-tiny-qwen3.png)" in markdown
     assert (tmp_path / "verify-tiny-qwen3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    root = ET.parse(junit).getroot()
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == len(data["checks"]) and root.get("tests") == str(len(cases))
+    assert not root.findall(".//failure") and not root.findall(".//error") and not root.findall(".//skipped")
 
 
 def test_explicit_json_and_report_paths(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -76,20 +104,181 @@ def test_debug_shows_the_exception(tmp_path: Path) -> None:
         main(["verify", "--model", str(tmp_path / "nope"), "--debug"])
 
 
-def test_top_p_mutant_fails_the_chi_square(tiny_models: dict[str, Path]) -> None:
+def _no_engine(*args: Any, **kwargs: Any) -> Engine:
+    raise AssertionError("an engine was built although the run should have stopped before")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_target_that_cannot_run_here_is_exit_2_and_says_why(
+    tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("oracle.verify.sections.Engine", _no_engine)
+    argv = ["verify", "--model", str(tiny_models["qwen3"]), "--target", "cuda-bf16", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "target 'cuda-bf16' cannot run here" in err and "no CUDA device is available here" in err, err
+    assert main(["verify", "--model", str(tiny_models["qwen3"]), "--target", "cpu-fp32,dtype=fp8"]) == 2
+    assert "dtype='fp8'" in capsys.readouterr().err
+
+
+def test_an_unknown_plugin_is_exit_2_and_named(
+    tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("oracle.verify.sections.Engine", _no_engine)
+    argv = ["--model", str(tiny_models["qwen3"]), "--plugin", "no_such_plugin_module", "--out", str(tmp_path / "o")]
+    assert verify_main(argv) == 2  # the console script's entry: the verify command without the word
+    err = capsys.readouterr().err
+    assert "plugin 'no_such_plugin_module' could not be imported" in err and "ModuleNotFoundError" in err, err
+
+
+@pytest.mark.parametrize("option", ["--out", "--json", "--report", "--junit"])
+def test_an_unwritable_output_is_exit_2_before_any_engine_is_built(
+    option: str,
+    tiny_models: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("oracle.verify.sections.Engine", _no_engine)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    where = blocker / "sub" / ("x.xml" if option == "--junit" else "x")
+    start = time.perf_counter()
+    argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", option, str(where)]
+    assert main([*argv, *([] if option == "--out" else ["--out", str(tmp_path / "o")])]) == 2
+    assert time.perf_counter() - start < 5.0
+    err = capsys.readouterr().err
+    assert f"cannot write {where if option != '--out' else where / 'verify-tiny-qwen3.json'}" in err, err
+    assert "is not a directory" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_usage_errors_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify"]) == 2  # --model is required
+    assert "--model" in capsys.readouterr().err
+    assert main(["verify", "--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+    assert verify_main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hfparity-verify {__version__}"
+
+
+def _raise_in_forward(self: Engine, *args: Any, **kwargs: Any) -> Any:
+    raise EngineError("injected: the engine failed mid-run")
+
+
+def _raise_in_sampler(self: Sampler, *args: Any, **kwargs: Any) -> Any:
+    raise EngineError("injected: the sampler failed mid-run")
+
+
+def _nan_attention(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda self, *args, **kwargs: original(self, *args, **kwargs) * float("nan")
+
+
+@pytest.mark.parametrize("fault", ["forward raises", "non-finite logits", "sampler raises"])
+def test_an_engine_error_is_exit_3_with_the_report_written(
+    fault: str, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fault == "forward raises":
+        monkeypatch.setattr(Engine, "forward_batch", _raise_in_forward)
+    elif fault == "non-finite logits":
+        monkeypatch.setattr(TorchAttnBackend, "forward", _nan_attention(TorchAttnBackend.forward))
+    else:  # only the sampling section calls Sampler.sample: the sections before it run and are kept
+        monkeypatch.setattr(Sampler, "sample", _raise_in_sampler)
+    junit = tmp_path / "j.xml"
+    argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", "--out", str(tmp_path), "--junit", str(junit)]
+    assert main(argv) == 3
+    data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
+    assert data["status"] == "error" and not data["passed"]
+    (error,) = [c for c in data["checks"] if c["status"] == "error"]
+    assert error["section"] == "run"
+    expected = {
+        "forward raises": "EngineError: injected: the engine failed",
+        "non-finite logits": "NonFiniteLogitsError",
+        "sampler raises": "EngineError: injected: the sampler failed",
+    }[fault]
+    assert expected in error["detail"], error
+    if fault == "sampler raises":
+        assert error["name"].startswith("sampling:")
+        assert SECTIONS - {"sampling"} <= {c["section"] for c in data["checks"] if c["status"] == "pass"}
+    else:
+        assert error["name"].startswith("greedy generation:")
+    assert "**ERROR**" in (tmp_path / "verify-tiny-qwen3.md").read_text()
+    assert len(ET.parse(junit).getroot().findall(".//error")) == 1
+
+
+def test_a_single_bucket_chi_square_is_not_tested_never_a_pass() -> None:
+    probs = torch.tensor([1.0, 0.0, 0.0])
+    chi = chi_square_gof(torch.tensor([500, 0, 0]), probs, alpha=1e-3)
+    assert chi.df == 0 and chi.passed  # oracle.stats calls it trivially passed ...
+    check = chi_square_check("one token left", chi)
+    assert check.status == "not-tested" and not check.passed  # ... verify does not
+    two = chi_square_check("two tokens", chi_square_gof(torch.tensor([260, 240]), torch.tensor([0.5, 0.5]), 1e-3))
+    assert two.status == "pass" and two.passes_when == ">=" and two.value is not None and two.value >= 1e-3
+    result = VerifyResult("m", "quick", PRESETS["cpu-fp32"], "float32", 0, 1e-3, Environment("c", {}, "cpu"))
+    result.checks = [two, check]
+    assert result.passed and result.status == "pass"
+    assert result.counts() == {"pass": 1, "fail": 0, "not-tested": 1, "error": 0}
+    lines = summary_lines(result)
+    assert lines[0].startswith("sampling: 1 passed, 1 not tested") and "1 passed, 1 not tested" in lines[-1]
+    result.checks.append(Check("run", "x", "error"))
+    assert not result.passed and result.status == "error"
+
+
+def test_cpu_bf16_target_passes_with_the_yardstick(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", "--target", "cpu-bf16", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
+    assert data["dtype"] == "bfloat16" and data["target"]["name"] == "cpu-bf16"
+    logit_checks = [c for c in data["checks"] if c["section"] == "logit error"]
+    assert logit_checks and all("HF's own bfloat16 error" in c["detail"] for c in logit_checks)
+
+
+@pytest.mark.parametrize(("bug", "code"), [(None, 0), ("1e-3", 1)], ids=["clean", "bug-1e-3"])
+def test_verify_checks_the_example_plugin_and_catches_its_bug(
+    bug: str | None, code: int, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if bug is None:
+        monkeypatch.delenv("EXAMPLE_ATTENTION_BUG", raising=False)
+    else:
+        monkeypatch.setenv("EXAMPLE_ATTENTION_BUG", bug)  # read when an engine builds the backend
+    argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", "--out", str(tmp_path)]
+    assert main([*argv, "--plugin", "examples.my_attention", "--target", "cpu-fp32,attention=example"]) == code
+    data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
+    assert data["target"]["attention"] == "example" and "examples.my_attention" in data["plugins"]
+    failed = {c["section"] for c in data["checks"] if c["status"] != "pass"}
+    if bug is None:
+        assert not failed
+    else:
+        assert "logit error" in failed and failed <= {"greedy parity", "logit error"}, failed
+
+
+def test_top_p_mutant_fails_the_chi_square_and_plots_the_failing_case(tiny_models: dict[str, Path]) -> None:
     with activate("top_p_off_by_one"):
         result = verify(tiny_models["qwen3"], quick=True)
-    failed = [c for c in result.checks if not c.passed]
+    failed = [c for c in result.checks if c.status == "fail"]
     assert failed and not result.passed
     assert {c.section for c in failed} == {"sampling"}  # the model path is untouched by a sampler bug
     assert any(c.name.startswith("chi-square") for c in failed), [c.name for c in failed]
+    case = failed[0].name.partition(": ")[2]
+    assert result.figure is not None and result.figure.title.startswith(case), (result.figure, case)
+
+
+def test_a_greedy_failure_names_the_first_and_worst_position(tiny_models: dict[str, Path]) -> None:
+    with activate("rope_off_by_one"):
+        result = verify(tiny_models["qwen3"], quick=True)
+    greedy = [c for c in result.section("greedy parity") if c.status == "fail"]
+    assert greedy, [c.detail for c in result.section("greedy parity")]
+    detail = greedy[0].detail
+    assert "first at position" in detail and "worst at position" in detail, detail
+    assert "engine   : [" in detail and "HF argmax: [" in detail, detail
+    assert all("worst at position" in c.detail for c in result.section("logit error"))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
-def test_rmsnorm_in_bf16_is_bitwise_hf(arch: str, tiny_models: dict[str, Path]) -> None:
+def test_rmsnorm_in_bf16_is_bitwise_hf(arch: str, tiny_models: dict[str, Path], target: Target) -> None:
     """HF computes RMSNorm's mean of squares and rsqrt in float32 even for bf16 models; the engine must too.
 
     Unobservable in float32 runs, and in bf16 logits lost in bf16's own rounding, so checked module by module.
     """
-    (check,) = check_bf16_norms(tiny_models[arch], seed=0)
+    (check,) = check_bf16_norms(tiny_models[arch], seed=0, target=target)
     assert check.passed, check.detail
