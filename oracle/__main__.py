@@ -103,7 +103,7 @@ def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
         result = verify(model, args.quick, args.seed, advance, target, plugins, catch_errors=not args.debug)
     out.print(report.console_table(result))
     for detail in report.failure_details(result):
-        out.print(f"[bold red]{'ERROR' if detail.startswith('run / ') else 'FAILED'}[/] {detail}", highlight=False)
+        out.print(detail, style="red", markup=False, highlight=False)
     png = outputs.png if result.figure is not None else None
     if png is not None and result.figure is not None:
         report.plot(result.figure, png)

@@ -9,7 +9,7 @@ both sides), where the comparison stops, because the sequences (and so their pre
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -104,15 +104,28 @@ def compare_greedy(
 
 @dataclass(frozen=True)
 class Mismatch:
-    """A greedy position where the engine's token is neither the argmax (of its own row and of the reference's) nor a
-    near-tie of it. expected: the token it should have been; gap: how far `token` lies below the best of the row
-    that rejects it."""
+    """A greedy position where the engine's token is not the argmax of its own row (own_row) or is neither the
+    reference's argmax nor a near-tie of it. expected: that argmax; gap: how far `token` lies below it in that row;
+    tie_gap: the near-tie allowance there (0 for the engine's own row, where none applies)."""
 
     position: int
     token: int
     expected: int
     gap: float
-    message: str
+    tie_gap: float
+    own_row: bool
+
+    def reason(self, label: Callable[[int], str] = str) -> str:
+        if self.own_row:
+            return f"the engine picked {label(self.token)}, not the argmax {label(self.expected)} of its own logits"
+        return (
+            f"engine {label(self.token)} vs reference argmax {label(self.expected)}; {self.gap:.3g} below the "
+            f"reference's best (near-tie within {self.tie_gap:.3g})"
+        )
+
+    @property
+    def message(self) -> str:
+        return f"token {self.position}: {self.reason()}"
 
 
 def forced_greedy_mismatches(
@@ -128,20 +141,14 @@ def forced_greedy_mismatches(
     for i, token in enumerate(tokens):
         own = ours_logits[i]
         if own[token] != own.max():
-            best = int(own.argmax())
-            message = f"token {i}: the engine picked {token}, not the argmax {best} of its own logits"
-            out.append(Mismatch(i, token, best, _below_best(own, token), message))
+            out.append(Mismatch(i, token, int(own.argmax()), _below_best(own, token), 0.0, own_row=True))
             continue
         best = int(ref_logits[i].argmax())
         if ref_logits[i][token] == ref_logits[i][best]:
             continue
         if not (tol.near_tie(ref_logits[i], token) and tol.near_tie(own, best)):
-            gap = _below_best(ref_logits[i], token)
-            message = (
-                f"token {i}: engine {token} vs reference argmax {best}; {gap:.3g} below the reference's best "
-                f"(near-tie within {tol.tie_gap(ref_logits[i]):.3g})"
-            )
-            out.append(Mismatch(i, token, best, gap, message))
+            gap, tie_gap = _below_best(ref_logits[i], token), tol.tie_gap(ref_logits[i])
+            out.append(Mismatch(i, token, best, gap, tie_gap, own_row=False))
     return out
 
 

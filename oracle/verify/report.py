@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from ..tolerance import YARDSTICK_RATIO
 from .result import Check, Figure, Status, VerifyResult
@@ -76,13 +77,17 @@ def console_table(result: VerifyResult) -> Table:
         table.add_column(col, overflow="fold")
     for check in (c for section in result.sections() for c in result.section(section)):
         limit = f"{check.passes_when} {_fmt(check.limit)}" if check.passes_when and check.limit is not None else ""
-        table.add_row(check.section, check.name, _MARKS[check.status], _fmt(check.value), limit)
+        table.add_row(Text(check.section), Text(check.name), _MARKS[check.status], _fmt(check.value), limit)
     return table
 
 
 def failure_details(result: VerifyResult) -> list[str]:
-    """'section / name:\\ndetail' for every failed or errored check."""
-    return [f"{c.section} / {c.name}:\n{c.detail}" for c in result.checks if c.status in ("fail", "error")]
+    """'FAILED section / name:' (ERROR for an error) and the detail on the next lines, for every check that did."""
+    return [
+        f"{'ERROR' if c.status == 'error' else 'FAILED'} {c.section} / {c.name}:\n{c.detail}"
+        for c in result.checks
+        if c.status in ("fail", "error")
+    ]
 
 
 def _finite(x: float | None) -> float | None:

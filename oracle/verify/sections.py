@@ -68,7 +68,7 @@ def _greedy_detail(
     ]
     shown = [("first", first)] if worst is first else [("first", first), ("worst", worst)]
     for what, m in shown:
-        lines.append(f"  {what}: position {m.position}: engine {label(m.token)} vs {label(m.expected)}: {m.message}")
+        lines.append(f"  {what}: position {m.position}: {m.reason(label)}")
     lines.append(_token_line("engine   ", tokens, decode))
     lines.append(_token_line("HF argmax", [int(r.argmax()) for r in hf_rows], decode))
     return "\n".join(lines)
