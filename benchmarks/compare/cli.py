@@ -29,7 +29,10 @@ def name_set(text: str) -> frozenset[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.compare", description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="python -m benchmarks.compare",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer sizes, tokens and rounds (a smoke run)")
     parser.add_argument("--json", type=Path, help="write the full results here")

@@ -92,7 +92,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 def run_meta(device: torch.device, choice: ModelChoice, plan: Plan, argv: list[str] | None) -> dict[str, Any]:
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": git_commit(),
         "device": device.type,
         "machine": machine(device),
