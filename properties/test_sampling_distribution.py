@@ -86,7 +86,7 @@ def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject, targ
 
 def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler_seed: int) -> None:
     reqs = [place(engine, s.prompt, 0, row, s.params) for row, s in enumerate(specs)]
-    engine.sampler.generator.manual_seed(sampler_seed)
+    engine.sampler.reseed(sampler_seed)
     batch, args = engine.prepare_batch(reqs, "prefill")
     out = engine.forward_batch(batch, args)
     out.copy_done_event.synchronize()
