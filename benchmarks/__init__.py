@@ -1,1 +1,1 @@
-"""Benchmarks: pytest-benchmark micro-benchmarks and the side-by-side comparison (compare.py)."""
+"""Benchmarks: pytest-benchmark micro-benchmarks and the side-by-side comparison (the compare package)."""

@@ -87,6 +87,14 @@ class Sampler:
             self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
             self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
 
+    def reseed(self, seed: int) -> None:
+        """Restart every random stream from `seed`: the torch generator and FlashInfer's Philox seed and offset
+        (updated in place, so captured graphs follow)."""
+        self.generator.manual_seed(seed)
+        if self.use_flashinfer:
+            self.philox_seed.fill_(self.generator.initial_seed() % 2**63)
+            self.philox_offset.zero_()
+
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         reqs: list[Req] = batch.reqs
         params = [r.sampling_params for r in reqs]

@@ -102,7 +102,7 @@ def run_requests(
     """
     if layout is not None and layout.page_size != engine.config.page_size:
         raise ValueError(f"layout page_size {layout.page_size} != engine page_size {engine.config.page_size}")
-    engine.sampler.generator.manual_seed(sampler_seed)
+    engine.sampler.reseed(sampler_seed)
     driver = StaticDriver(
         engine, layout.layout if layout else None, record_logits=True, max_prefill_tokens=max_prefill_tokens
     )

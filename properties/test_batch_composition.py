@@ -46,7 +46,7 @@ def test_tokens_do_not_depend_on_batch_mates(
 
     solo = run_requests(engine, [target], sampler_seed=sampler_seed)[0]
 
-    engine.sampler.generator.manual_seed(sampler_seed)
+    engine.sampler.reseed(sampler_seed)
     driver = StaticDriver(engine, PageLayout(), record_logits=True)
     schedule = sorted([(j, i) for i, j in enumerate(joins)] + [(0, -1)])  # (join step, mate index; -1 = target)
     target_uid, step = -1, min(j for j, _ in schedule)

@@ -39,26 +39,32 @@ def slot_view(engine: Engine) -> torch.Tensor:
 
 
 def decode_step(engine: Engine, specs: list[RequestSpec], next_ids: list[int], pad_to: int | None) -> torch.Tensor:
-    """One decode step of every request (prompt + its first token), padded with dummy rows to pad_to; logits."""
+    """One decode step of every request (prompt + its first token), padded with dummy rows to pad_to; logits.
+
+    pad_to None: an unpadded eager step. With CUDA graphs, pad_to is a captured size and the step replays its graph;
+    without, a runner that only pads builds the batch, which then runs eagerly.
+    """
     reqs = [
         place(engine, [*s.prompt, token], len(s.prompt), row, s.params)
         for row, (s, token) in enumerate(zip(specs, next_ids))
     ]
-    runner = engine.graph_runner
-    if pad_to is not None:
-        engine.graph_runner = GraphRunner(engine.dummy_req, [pad_to], enabled=True)
+    graphs = engine.graph_runner
+    eager = GraphRunner(engine.dummy_req, [], enabled=False)
+    padder = GraphRunner(engine.dummy_req, [pad_to], enabled=True) if pad_to and not graphs.enabled else None
     try:
+        engine.graph_runner = padder or (eager if pad_to is None else graphs)
         batch, args = engine.prepare_batch(reqs, "decode")
+        engine.graph_runner = eager if pad_to is None else graphs
+        assert batch.padded_size == (pad_to or len(reqs))
+        return engine.forward_batch(batch, args).logits
     finally:
-        engine.graph_runner = runner
-    assert batch.padded_size == (pad_to or len(reqs))
-    return engine.forward_batch(batch, args).logits
+        engine.graph_runner = graphs
 
 
 def fill(view: torch.Tensor, slots: torch.Tensor, seed: int) -> torch.Tensor:
     """Write distinct sentinel values into the given slots of every layer; returns what was written."""
     gen = torch.Generator().manual_seed(seed)
-    values = (torch.randn(view[:, :, slots].shape, generator=gen) * 100).to(view.dtype)
+    values = (torch.randn(view[:, :, slots].shape, generator=gen) * 100).to(view.device, view.dtype)
     view[:, :, slots] = values
     return values
 
@@ -72,10 +78,12 @@ def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path],
     max_req = engine.config.max_running_req
     one_token = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.just(2))
     specs = data.draw(batches(TINY_VOCAB, max_req - 1, 40, page_size, one_token), label="requests")
-    pad_to = data.draw(st.integers(len(specs) + 1, max_req), label="pad_to")
+    runner = engine.graph_runner
+    sizes = [b for b in runner.bs_list if b > len(specs)] if runner.enabled else range(len(specs) + 1, max_req + 1)
+    pad_to = data.draw(st.sampled_from(list(sizes)), label="pad_to")
     seed = data.draw(seeds, label="sentinel_seed")
     view = slot_view(engine)
-    dummy_slots = torch.arange(engine.num_pages * page_size, (engine.num_pages + 1) * page_size)
+    dummy_slots = torch.arange(engine.num_pages * page_size, (engine.num_pages + 1) * page_size, device=view.device)
     assert engine.kv_cache.dummy_page == engine.num_pages
     assert bool(((engine.page_table[engine.dummy_row] // page_size) == engine.num_pages).all())
 
@@ -94,7 +102,7 @@ def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path],
 
     # Dummy rows leave every real slot alone, except the ones the real requests write this step.
     written = torch.stack([engine.page_table[row, len(s.prompt)].long() for row, s in enumerate(specs)])
-    real_slots = torch.arange(engine.num_pages * page_size)
+    real_slots = torch.arange(engine.num_pages * page_size, device=view.device)
     kept = real_slots[~torch.isin(real_slots, written)]
     real_sentinel = fill(view, kept, seed + 1)
     decode_step(engine, specs, next_ids, pad_to)

@@ -6,7 +6,9 @@ freed pages and stale KV the real requests reuse). The engine's generator is res
 requests draw the same noise.
 
 Tolerance: none. With the torch attention backend a request's KV is gathered by slot into one tensor before
-attention, so where the slots live cannot change a single bit: every logit and every token must be identical.
+attention, so where the slots live cannot change a single bit: every logit and every token must be identical. A
+paged kernel (FlashInfer) may tile its work by page, so on such a target both layouts share one page size and only
+the page order and churn differ; page sizes against HF are the other properties' job.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ def test_logits_do_not_depend_on_page_layout(
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
     first = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout_a")
-    second = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout_b")
+    across_sizes = engines.target.attention == "torch"
+    second = data.draw(
+        layouts(TINY_VOCAB, engines.target.page_sizes if across_sizes else (first.page_size,)), label="layout_b"
+    )
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(1, 10))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, first.page_size, params, split=True), label="requests")
     sampler_seed = data.draw(seeds, label="sampler_seed")

@@ -86,16 +86,18 @@ def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject, targ
 
 def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler_seed: int) -> None:
     reqs = [place(engine, s.prompt, 0, row, s.params) for row, s in enumerate(specs)]
-    engine.sampler.generator.manual_seed(sampler_seed)
+    engine.sampler.reseed(sampler_seed)
     batch, args = engine.prepare_batch(reqs, "prefill")
     out = engine.forward_batch(batch, args)
-    draws = torch.stack([out.next_tokens_cpu, *(engine.sampler.sample(out.logits, args) for _ in range(n - 1))])
+    out.copy_done_event.synchronize()
+    more = [engine.sampler.sample(out.logits, args).cpu() for _ in range(n - 1)]
+    draws = torch.stack([out.next_tokens_cpu, *more])
     params = [s.params for s in specs]
     for row, p in enumerate(params):
         if p.seed is not None and not p.is_greedy:
             assert bool((draws[:, row] == draws[0, row]).all()), f"seeded row {row} ({p}) changed its token"
     unseeded = [row for row, p in enumerate(params) if p.seed is None or p.is_greedy]
-    assert_rows_follow_reference(draws[:, unseeded], out.logits[unseeded], [params[r] for r in unseeded])
+    assert_rows_follow_reference(draws[:, unseeded], out.logits[unseeded].cpu(), [params[r] for r in unseeded])
 
 
 @settings(max_examples=SAMPLING_MODEL.examples)

@@ -85,7 +85,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.engine: Engine = self.engines.get(
             self.models[arch], page_size, max_running_req=ROWS, num_pages=-(-POOL_SLOTS // page_size)
         )
-        self.engine.sampler.generator.manual_seed(sampler_seed)
+        self.engine.sampler.reseed(sampler_seed)
         self.oracle = self.oracle_for(self.models[arch])
         self.driver = StaticDriver(self.engine, PageLayout(kind, layout_seed), record_logits=True)
 

@@ -1,7 +1,7 @@
-"""benchmarks/compare.py end to end on a tiny model, on CPU, so CI notices when the comparison breaks.
+"""benchmarks/compare end to end on a tiny model, on CPU, so CI notices when the comparison breaks.
 
 No time is asserted (speed lives in the benchmarks); what is checked is that both sides ran the same work: each
-contender made exactly n tokens per request (compare.py raises otherwise), and with the same real weights the
+contender made exactly n tokens per request (benchmarks/compare raises otherwise), and with the same real weights the
 engine's greedy tokens equal HF generate's token for token (the tiny models have no near-ties). The same holds
 with HF eager in a child process of its own (--isolate), as HF static+compile runs on GPU.
 """

@@ -1,0 +1,111 @@
+"""The report: what ran where (machine, commit, versions, command, plan), one rich table of every section, and the
+JSON file of the full results.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..common import ModelChoice
+from .plan import Plan
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch threads"
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
+    except OSError:
+        return "unknown"
+    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def print_report(result: dict[str, Any]) -> None:
+    """One table: grid rows, then ratios (a / b: tokens/s ratio, ms/step ratio), roofline and offline rows."""
+    from rich.console import Console
+    from rich.table import Table
+
+    meta = result["meta"]
+    title = f"{meta['model']} {meta['dtype']} on {meta['machine']} · commit {meta['commit']} · {meta['date']}"
+    table = Table(title=title)
+    table.add_column("section")
+    table.add_column("B", justify="right")
+    table.add_column("what")
+    for col in ("tokens/s", "ms/step", "CPU ms/step", "note"):
+        table.add_column(col, justify="right")
+    grid = result.get("grid")
+    on_cpu = meta["device"] == "cpu"  # host CPU time says nothing about GPU work
+    if grid:
+        for r in grid["rows"]:
+            table.add_row(
+                "grid", str(r["batch"]), r["method"], f"{r['tokens_per_s']:.1f}", f"{r['ms_per_step']:.3f}",
+                f"{r['cpu_ms_per_step']:.3f}" if on_cpu else "", "",
+            )
+        for q in grid["ratios"]:
+            table.add_row(
+                "ratio", str(q["batch"]), f"{q['a']} / {q['b']}", f"{q['tokens_per_s_ratio']:.2f}x",
+                f"{q['step_time_ratio']:.2f}x", f"{q['cpu_step_time_ratio']:.2f}x" if on_cpu else "",
+                "median of per-round ratios",
+            )
+        for pair, by_b in grid["greedy_agreement"].items():
+            for b, frac in by_b.items():
+                table.add_row("check", str(b), f"greedy tokens: {pair}", "", "", "", f"{frac:.1%}")
+    if "bandwidth_bytes_per_s" in result:
+        bw = result["bandwidth_bytes_per_s"] / 1e12
+        table.add_row("roofline", "", "D2D copy bandwidth (read + write)", "", "", "", f"{bw:.2f} TB/s")
+        for r in result["roofline"]:
+            table.add_row(
+                "roofline", str(r["batch"]), f"{r['method']}: step / floor", "",
+                f"{r['step_ms']:.3f} / {r['floor_ms']:.3f}", "", f"{r['step_over_floor']:.2f}x",
+            )
+    off = result.get("offline")
+    if off:
+        table.add_row(
+            "offline", str(off["requests"]), "output tokens/s (whole run)", f"{off['output_tokens_per_s']:.0f}", "", "",
+            f"{off['output_tokens']} tokens in {off['seconds']:.1f}s",
+        )
+    Console(width=200).print(table)
+
+
+def run_meta(device: torch.device, choice: ModelChoice, plan: Plan, argv: list[str] | None) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "device": device.type,
+        "machine": machine(device),
+        "model": choice.label,
+        "dtype": str(choice.dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.compare", *(argv or sys.argv[1:])]),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "plan": asdict(plan),
+    }
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
