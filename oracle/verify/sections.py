@@ -150,9 +150,9 @@ def check_seeded(engine: Engine, prompts: Sequence[list[int]], labels: Sequence[
     """Seeded requests give the same tokens whatever the engine generator's state and the batch order."""
     two = list(prompts[:2])
     params = [SamplingParams(temperature=1.5, seed=seed * 1000 + i + 1, max_tokens=6, ignore_eos=True) for i in (0, 1)]
-    engine.sampler.generator.manual_seed(seed)
+    engine.sampler.reseed(seed)
     first = StaticDriver(engine).generate(two, params)
-    engine.sampler.generator.manual_seed(seed + 1)
+    engine.sampler.reseed(seed + 1)
     second = StaticDriver(engine, PageLayout("shuffled", seed)).generate(two[::-1], params[::-1])[::-1]
     checks = []
     for a, b, p, label in zip(first, second, params, labels):

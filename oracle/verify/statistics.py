@@ -137,7 +137,7 @@ def draw(engine: Engine, row: torch.Tensor, params: SamplingParams, n: int, seed
         for i, g in enumerate(greedy.tolist())
     ]
     sampler = engine.sampler
-    sampler.generator.manual_seed(seed)
+    sampler.reseed(seed)
     args = sampler.prepare(Batch(reqs, "decode"))
     logits = row.to(engine.device.torch_device, torch.float32).expand(rows, vocab).contiguous()
     argmax = int(row.argmax())
