@@ -2,12 +2,12 @@
 
 Page sizes {1, 4, 16}; contiguous, shuffled and interleaved page orders, with churn (earlier requests, finished or
 aborted, leave stale KV in the pages the real requests reuse); prefills split into chunks, i.e. extends over a
-cached prefix; decode batches padded up to captured graph sizes. Two head_dim-64 tiny models: Qwen3 (GQA group 2,
-CUDA-core decode) and a Llama with a GQA group of 3 (tensor-core decode). Every request is greedy, so each token is
-checked against HF float64 teacher-forced on the same sequence: logits within the harness's bf16 bound and tokens
-equal to its argmax up to a near-tie (properties/checks.py).
+cached prefix; decode batches padded up to captured graph sizes. Two of oracle.zoo's tiny models at head_dim 64:
+qwen3 (GQA group 2, CUDA-core decode) and llama_gqa3 (GQA group 3, tensor-core decode). Every request is greedy, so
+each token is checked against HF float64 teacher-forced on the same sequence: logits within the harness's bf16 bound
+and tokens equal to its argmax up to a near-tie (properties/checks.py).
 
-Runs only with CUDA and flashinfer (pytest -m gpu); skipped elsewhere. The models and engine settings come from
+Runs only with CUDA and flashinfer (pytest -m gpu); skipped elsewhere. The engine settings come from
 tests/gpu/gpu_support.py, imported when the property runs (the repository root must be importable, as it is under
 `python -m pytest` and `tox -e gpu`).
 """
@@ -35,7 +35,7 @@ pytestmark = [
     ),
 ]
 
-MODELS = ("qwen3", "gqa3")
+MODELS = ("qwen3", "llama_gqa3")  # zoo architectures, widened to head_dim 64
 PAGE_SIZES = (1, 4, 16)
 
 EngineFor = Callable[[str, int], tuple[Path, Engine]]
@@ -43,10 +43,11 @@ EngineFor = Callable[[str, int], tuple[Path, Engine]]
 
 @pytest.fixture(scope="module")
 def gpu_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFor]:
-    from tests.gpu.gpu_support import build_wide_model, gpu_engine
+    from oracle.zoo import tiny_model_dir
+    from tests.gpu.gpu_support import WIDE_HEAD_DIM, gpu_engine
 
     root = tmp_path_factory.mktemp("gpu-property-models")
-    models = {name: build_wide_model(name, root / name) for name in MODELS}
+    models = {name: tiny_model_dir(name, root, head_dim=WIDE_HEAD_DIM) for name in MODELS}
     engines: dict[tuple[str, int], Engine] = {}
 
     def get(name: str, page_size: int) -> tuple[Path, Engine]:

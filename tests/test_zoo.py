@@ -36,8 +36,9 @@ def test_tiny_loads_with_expected_shape(arch: str, tiny_root: Path) -> None:
     assert (path / "model.safetensors").is_file()
     assert zoo.is_complete(path)
     cfg = AutoConfig.from_pretrained(path)
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (64, 4, 2)
-    assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (16, 128, 512)
+    heads = 6 if arch == "llama_gqa3" else 4  # the GQA-group-3 Llama; every other tiny model has 4 query heads
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (16 * heads, heads, 2)
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (16, 32 * heads, 512)
     assert cfg.num_hidden_layers in (2, 3)
     assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (0, 1, None)
     assert cfg.tie_word_embeddings is (arch == "qwen3")
@@ -67,6 +68,46 @@ def test_tiny_is_deterministic(arch: str, tmp_path: Path) -> None:
     b = zoo.tiny_model_dir(arch, tmp_path / "b")
     for name in ("model.safetensors", "config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("arch", zoo.TINY_ARCHS)
+def test_tiny_head_dim_64_is_deterministic_and_loads(arch: str, tmp_path: Path) -> None:
+    a = zoo.tiny_model_dir(arch, tmp_path / "a", head_dim=64)
+    b = zoo.tiny_model_dir(arch, tmp_path / "b", head_dim=64)
+    assert a == tmp_path / "a" / f"tiny-{arch}-hd64"
+    assert zoo.is_complete(a)
+    for name in ("model.safetensors", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    cfg = AutoConfig.from_pretrained(a)
+    assert cfg.head_dim == 64
+    assert cfg.hidden_size == 64 * cfg.num_attention_heads  # so a loader that derives head_dim gets 64 too
+    assert cfg.intermediate_size == 2 * cfg.hidden_size
+    # The widened model is the same architecture as the head_dim-16 one, only wider.
+    narrow = zoo.tiny_config(arch)
+    assert type(cfg) is type(narrow)
+    for field in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers", "tie_word_embeddings"):
+        assert getattr(cfg, field) == getattr(narrow, field), field
+    model = _load(a)
+    assert model.model.layers[0].self_attn.o_proj.in_features == 64 * cfg.num_attention_heads
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(0))
+    logits = _last_logits(model, ids)
+    assert torch.isfinite(logits).all() and logits.std() > 1.0
+
+
+def test_tiny_gqa3_has_six_query_heads_per_two_kv_heads(tiny_root: Path) -> None:
+    cfg = AutoConfig.from_pretrained(zoo.tiny_model_dir("llama_gqa3", tiny_root))
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (6, 2)
+    assert cfg.model_type == "llama"
+    assert zoo.tiny_config("llama_gqa3", head_dim=64).num_attention_heads == 6
+
+
+@pytest.mark.parametrize("head_dim", [0, -16, 15, 16.0, True, "64"])
+def test_tiny_bad_head_dim(head_dim: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="head_dim must be a positive even int"):
+        zoo.tiny_config("llama", head_dim)
+    with pytest.raises(ValueError, match="head_dim must be a positive even int"):
+        zoo.tiny_model_dir("llama", tmp_path, head_dim=head_dim)
+    assert list(tmp_path.iterdir()) == []  # rejected before anything is written
 
 
 def test_tiny_reuses_complete_dir(tmp_path: Path) -> None:

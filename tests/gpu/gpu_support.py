@@ -3,9 +3,10 @@
 Every GPU test carries ``gpu`` (selected by ``pytest -m gpu``) and a skip condition, so it skips cleanly on a
 machine without CUDA (or without flashinfer, where it needs it).
 
-The zoo's tiny models have head_dim 16, below FlashInfer's smallest kernel (64). These are the same tiny
-architectures and init with head_dim 64, plus a Llama with 6 query heads per 2 KV heads: a GQA group of 3, which
-(like SmolLM2's 9/3) is not a power of two and takes the tensor-core decode path.
+The zoo's tiny models have head_dim 16 by default, below FlashInfer's smallest kernel (64); the GPU tests use the
+zoo's same architectures and init widened to head_dim 64 (``oracle.zoo.tiny_model_dir(arch, root, head_dim=64)``),
+among them ``llama_gqa3``, with 6 query heads per 2 KV heads: a GQA group of 3, which (like SmolLM2's 9/3) is not a
+power of two and takes the tensor-core decode path.
 """
 
 from __future__ import annotations
@@ -30,33 +31,9 @@ requires_flashinfer = pytest.mark.skipif(not HAS_FLASHINFER, reason="needs a CUD
 needs_cuda = [pytest.mark.gpu, requires_cuda]  # module-level pytestmark
 needs_flashinfer = [pytest.mark.gpu, requires_flashinfer]
 
-# name -> (zoo architecture, query heads, kv heads)
-WIDE_SPECS = {"qwen3": ("qwen3", 4, 2), "qwen2": ("qwen2", 4, 2), "llama": ("llama", 4, 2), "gqa3": ("llama", 6, 2)}
+# The zoo architectures of the head_dim-64 models: all but qwen3_moe, whose attention is Qwen3's.
+WIDE_ARCHS = ("qwen3", "qwen2", "llama", "llama_gqa3")
 WIDE_HEAD_DIM = 64
-WIDE_SEED = 4004
-
-
-def build_wide_model(name: str, out: Path) -> Path:
-    """A tiny random model of WIDE_SPECS[name] with head_dim 64, saved (fp32) to `out` (reused if present)."""
-    if (out / "config.json").exists():
-        return out
-    from transformers import AutoModelForCausalLM
-
-    from oracle.zoo import _reinit_weights, tiny_config
-
-    arch, heads, kv_heads = WIDE_SPECS[name]
-    config = tiny_config(arch)
-    config.num_attention_heads = heads
-    config.num_key_value_heads = kv_heads
-    config.head_dim = WIDE_HEAD_DIM
-    config.hidden_size = heads * WIDE_HEAD_DIM  # consistent whichever way a loader derives head_dim
-    config.intermediate_size = 2 * config.hidden_size
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(WIDE_SEED)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        _reinit_weights(model, torch.Generator().manual_seed(WIDE_SEED))
-    model.eval().save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def gpu_engine(model: Path, **overrides: Any) -> Engine:

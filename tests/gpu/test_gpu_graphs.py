@@ -44,7 +44,7 @@ def _shrinking_batches(engine: Engine, layout: PageLayout, n: int) -> list[Gener
 
 
 # CUDA-core decode with the default sizes up to 16 ([1, 2, 4, 8, 16]); tensor-core decode with sizes up to 8.
-@pytest.mark.parametrize("name,n", [("llama", 16), ("gqa3", 8)])
+@pytest.mark.parametrize("name,n", [("llama", 16), ("llama_gqa3", 8)])
 def test_graph_replay_matches_eager(
     wide_models: dict[str, Path],
     name: str,

@@ -1,0 +1,43 @@
+"""The zoo's command line: ``python -m oracle.zoo smollm2 [--quiet] [--cache-dir DIR]`` builds SmolLM2-135M-Instruct
+into the cache and ``python -m oracle.zoo tiny ARCH DIR`` creates a tiny random model under DIR; each prints the
+model's directory last on stdout (progress goes to stderr), and a failed build exits 1 with the step and a hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import __doc__ as package_doc
+from .cache import CACHE_ENV, ModelBuildError
+from .smollm2 import SMOLLM2_NAME, smollm2_dir
+from .tiny import TINY_ARCHS, tiny_model_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    # The package's summary line, as before the split, rather than this module's.
+    parser = argparse.ArgumentParser(prog="python -m oracle.zoo", description=(package_doc or "").splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_smol = sub.add_parser("smollm2", help=f"build {SMOLLM2_NAME}; prints its directory last")
+    p_smol.add_argument("--cache-dir", type=Path, default=None, help=f"default: ${CACHE_ENV} or <repo>/.cache")
+    p_smol.add_argument("--quiet", action="store_true", help="no progress output")
+    p_tiny = sub.add_parser("tiny", help="create a tiny random model; prints its directory")
+    p_tiny.add_argument("arch", choices=TINY_ARCHS)
+    p_tiny.add_argument("dir", type=Path, help="parent directory; the model goes to DIR/tiny-ARCH")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "smollm2":
+            path = smollm2_dir(args.cache_dir, progress=not args.quiet)
+        else:
+            path = tiny_model_dir(args.arch, args.dir)
+    except ModelBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
