@@ -24,7 +24,18 @@ from oracle.__main__ import main, verify_main
 from oracle.mutants import activate
 from oracle.stats import chi_square_gof
 from oracle.target import PRESETS, Target
-from oracle.verify import Check, Environment, VerifyResult, check_bf16_norms, chi_square_check, verify
+from oracle.verify import (
+    QUICK,
+    Check,
+    Environment,
+    VerifyResult,
+    bucketed_tokens,
+    check_bf16_norms,
+    chi_square_check,
+    sampling_cases,
+    verify,
+)
+from oracle.verify.plan import describe
 from oracle.verify.report import summary_lines
 
 SECTIONS = {
@@ -222,6 +233,18 @@ def test_a_single_bucket_chi_square_is_not_tested_never_a_pass() -> None:
     assert lines[0].startswith("sampling: 1 passed, 1 not tested") and "1 passed, 1 not tested" in lines[-1]
     result.checks.append(Check("run", "x", "error"))
     assert not result.passed and result.status == "error"
+
+
+def test_sampling_cases_pick_rows_that_leave_two_buckets() -> None:
+    peaked = torch.full((64,), -30.0)
+    peaked[3] = 30.0  # one token holds all the mass, whatever the params
+    spread = torch.linspace(3.0, -3.0, 64)
+    cases = sampling_cases([peaked, peaked, spread], QUICK, first=2)
+    assert [c.row for c in cases] == [2] * len(cases)  # the prompts' rows are tried first, then the later ones
+    assert all(bucketed_tokens(spread, c.params, QUICK.samples) >= 2 for c in cases)
+    assert "top_k=3" in describe(cases[1].params)
+    fallback = sampling_cases([peaked, peaked], QUICK)
+    assert all("no row leaves two chi-square buckets" in c.why for c in fallback)
 
 
 def test_cpu_bf16_target_passes_with_the_yardstick(tiny_models: dict[str, Path], tmp_path: Path) -> None:

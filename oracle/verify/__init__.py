@@ -31,11 +31,11 @@ from .sections import (
 from .statistics import (
     SamplingCase,
     boundary_cases,
+    bucketed_tokens,
     check_sampling,
     chi_square_check,
     detectable_w,
     sampling_cases,
-    testable_tokens,
 )
 
 __all__ = [
@@ -51,13 +51,13 @@ __all__ = [
     "Status",
     "VerifyResult",
     "boundary_cases",
+    "bucketed_tokens",
     "check_bf16_norms",
     "chi_square_check",
     "detectable_w",
     "sampling_alpha",
     "sampling_cases",
     "steps_of",
-    "testable_tokens",
     "verify",
 ]
 
@@ -125,10 +125,15 @@ def verify(
             result.checks += check_bf16_norms(model, seed, target, hf_bf16)
             step("bf16 norms")
             stage = "sampling"
-            rows = [g.logits[0] for g in gens]
-            cases = sampling_cases(rows, plan)
+            # Each prompt's own row first; the later steps' rows serve where those leave one chi-square bucket.
+            later = [
+                (f"{label}, step {k}", g.logits[k]) for g, label in zip(gens, labels) for k in range(1, len(g.logits))
+            ]
+            rows = [g.logits[0] for g in gens] + [row for _, row in later]
+            row_labels = list(labels) + [name for name, _ in later]
+            cases = sampling_cases(rows, plan, first=len(gens))
             sampling, result.figure = check_sampling(
-                engine, rows, labels, cases, alpha, seed, token_label, step, plan.samples
+                engine, rows, row_labels, cases, alpha, seed, token_label, step, plan.samples
             )
             result.checks += sampling
         except Exception as exc:  # the report records it (exit 3); --debug re-raises instead

@@ -53,7 +53,7 @@ def support_check_of(name: str, support: SupportResult) -> Check:
     return Check.measured(SECTION, f"support: {name}", bad, 0.0, "==", support.message())
 
 
-def testable_tokens(row: torch.Tensor, params: SamplingParams, n: int) -> int:
+def bucketed_tokens(row: torch.Tensor, params: SamplingParams, n: int) -> int:
     """Tokens of the reference distribution that get a chi-square bucket of their own with n draws: clear (not
     ambiguous) ones with an expected count >= MIN_EXPECTED. Two or more leave at least two buckets."""
     ref = reference_distribution(row, params)
@@ -73,9 +73,9 @@ def _first_testable(
 ) -> SamplingCase:
     """The first row in `order` whose params leave two chi-square buckets; else the first row, marked so."""
     for i in order:
-        if testable_tokens(rows[i], params_of(i), n) >= 2:
+        if bucketed_tokens(rows[i], params_of(i), n) >= 2:
             return SamplingCase(params_of(i), i, why)
-    note = "no prompt's row leaves two chi-square buckets"
+    note = "no row leaves two chi-square buckets"
     return SamplingCase(params_of(order[0]), order[0], f"{why}; {note}" if why else note)
 
 
@@ -83,9 +83,16 @@ def _fixed(params: SamplingParams) -> Callable[[int], SamplingParams]:
     return lambda _: params
 
 
-def boundary_cases(rows: Sequence[torch.Tensor], n: int) -> list[SamplingCase]:
+def _tiers(rows: Sequence[torch.Tensor], first: int | None) -> tuple[range, range]:
+    """The rows tried first (rows[:first]) and those tried next; first=None: all in one tier."""
+    cut = len(rows) if first is None else first
+    return range(cut), range(cut, len(rows))
+
+
+def boundary_cases(rows: Sequence[torch.Tensor], n: int, first: int | None = None) -> list[SamplingCase]:
     """Two points placed where filter semantics differ (T = 1), each on the row that shows it best among those
-    leaving two buckets. With q1 >= q2 >= q3 the three largest probabilities and s = q1 + q2 + q3:
+    leaving two buckets (rows[:first] before the others). With q1 >= q2 >= q3 the three largest probabilities and
+    s = q1 + q2 + q3:
 
     * top_p = q1 + q2/2, on the row whose 2nd token is most likely: the 2nd token crosses p, and HF keeps it (the
       mass above it, q1, is < p); an inclusive cumulative sum drops it.
@@ -105,24 +112,26 @@ def boundary_cases(rows: Sequence[torch.Tensor], n: int) -> list[SamplingCase]:
         lo, hi = max(q1 + q2, q1 / s), (q1 + q2) / s
         return sampling_params(1.0, top_k=3, top_p=(lo + hi) / 2)
 
-    by_second = sorted(range(len(rows)), key=lambda i: -tops[i][1])
-    by_third = sorted(range(len(rows)), key=lambda i: -tops[i][2])
+    def by(rank: int) -> list[int]:
+        return [i for tier in _tiers(rows, first) for i in sorted(tier, key=lambda i: -tops[i][rank])]
+
     return [
-        _first_testable(rows, by_second, inside_second, n, "p inside the 2nd token's mass"),
-        _first_testable(rows, by_third, k_then_p, n, "order of top-k and top-p"),
+        _first_testable(rows, by(1), inside_second, n, "p inside the 2nd token's mass"),
+        _first_testable(rows, by(2), k_then_p, n, "order of top-k and top-p"),
     ]
 
 
-def sampling_cases(rows: Sequence[torch.Tensor], plan: Plan) -> list[SamplingCase]:
-    """The boundary cases, then each fixed grid point on a row where it leaves two chi-square buckets: rows are
-    tried by decreasing entropy (a near one-hot row tests little), grid point i starting at the i-th, so the points
-    spread over the prompts."""
+def sampling_cases(rows: Sequence[torch.Tensor], plan: Plan, first: int | None = None) -> list[SamplingCase]:
+    """The boundary cases, then each fixed grid point on a row where it leaves two chi-square buckets. rows[:first]
+    (the prompts' own rows) are tried before the others (later steps' rows), each tier by decreasing entropy (a
+    near one-hot row tests little); grid point i starts at the i-th of the first tier, so the points spread over
+    the prompts."""
     entropy = [float(torch.special.entr(torch.softmax(r.double(), -1)).sum()) for r in rows]
-    ranked = sorted(range(len(rows)), key=lambda i: -entropy[i])
-    cases = boundary_cases(rows, plan.samples)
+    head, rest = (sorted(tier, key=lambda i: -entropy[i]) for tier in _tiers(rows, first))
+    cases = boundary_cases(rows, plan.samples, first)
     for i, params in enumerate(plan.grid):
-        start = i % len(rows)
-        order = ranked[start:] + ranked[:start]
+        start = i % len(head)
+        order = head[start:] + head[:start] + rest
         cases.append(_first_testable(rows, order, _fixed(params), plan.samples, ""))
     return cases
 
