@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-DENSE_ARCHS = ("qwen3", "qwen2", "llama")
+from oracle.zoo import TINY_ARCHS
+
+DENSE_ARCHS = tuple(arch for arch in TINY_ARCHS if "moe" not in arch)
 
 
 @pytest.fixture(scope="session", params=DENSE_ARCHS)

@@ -3,7 +3,7 @@
 Tolerance: the harness's bf16 bound, max |Δlogit| <= 0.06 * max(1, max |reference logit|) (properties/checks.py).
 Against the torch backend both sides are bf16, so the bound covers two roundings of the same math; the measured
 worst error is recorded as a junit property (max_logit_diff_*). Greedy tokens must agree except at a near-tie
-(gpu_support.near_tie), after which the sequences are no longer comparable.
+(oracle.tolerance.LogitTolerance.near_tie), after which the sequences are no longer comparable.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 from gpu_support import (
     TOL,
     check_against_hf64,
-    compare_free_running,
     generate,
     gpu_engine,
     needs_flashinfer,
@@ -22,7 +21,7 @@ from gpu_support import (
 )
 
 from engine.driver import Generation, PageLayout
-from oracle.checks import assert_logits_close
+from oracle.checks import assert_logits_close, compare_greedy
 
 pytestmark = needs_flashinfer
 # Lengths around page boundaries of 4 and 16, and one long enough for many KV tiles (and split-KV decode); three
@@ -37,9 +36,9 @@ def assert_runs_match(ours: list[Generation], ref: list[Generation], what: str) 
     largest logit difference."""
     worst = 0.0
     for i, (a, b) in enumerate(zip(ours, ref)):
-        mismatch, failure = compare_free_running(a.output_ids, a.logits, b.output_ids, b.logits)
-        assert failure is None, f"{what}, request {i}: {failure}"
-        upto = len(a.output_ids) if mismatch is None else mismatch + 1
+        result = compare_greedy(a.output_ids, a.logits, b.output_ids, b.logits, TOL)
+        assert result.ok, f"{what}, request {i}: {result.failure}"
+        upto = result.compared
         for j in range(upto):
             worst = max(worst, assert_logits_close(a.logits[j], b.logits[j], TOL, f"{what}, request {i} token {j}"))
     return worst

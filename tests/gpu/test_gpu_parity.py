@@ -1,7 +1,7 @@
 """Greedy parity with HF in bf16 on CUDA: the zoo's tiny models (torch backend: head_dim 16), the head_dim-64 tiny
 models (FlashInfer with CUDA graphs) and SmolLM2-135M-Instruct where its directory is on this machine.
 
-Two references, both with the bf16 near-tie rule (gpu_support.near_tie):
+Two references, both with the bf16 near-tie rule (oracle.tolerance.LogitTolerance.near_tie):
 * HF bf16 `generate` on the same GPU: equal tokens up to the first near-tie;
 * HF float64 on CPU teacher-forced on the engine's tokens, so every position is compared: each token the argmax
   of the engine's own row and a near-tie of HF's; each row within the harness's bf16 bound (0.06 * max(1, max
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 from gpu_support import (
+    TOL,
     check_against_hf64,
-    compare_free_running,
     generate,
     gpu_engine,
     hf_oracle,
@@ -29,6 +29,7 @@ from gpu_support import (
     requires_flashinfer,
 )
 
+from oracle.checks import compare_greedy
 from oracle.tolerance import logits_error
 
 pytestmark = needs_cuda
@@ -50,9 +51,9 @@ def _check_parity(model: Path, prompts: list[list[int]], record_property: pytest
         span = slice(len(prompt) - 1, len(prompt) - 1 + NEW_TOKENS)
         ref = hf_bf16.greedy(prompt, NEW_TOKENS)
         rows = hf_bf16.teacher_forced_logits(prompt + ref)[span].float()
-        mismatch, failure = compare_free_running(gen.output_ids, gen.logits, ref, list(rows))
-        assert failure is None, f"{what} vs HF bf16 generate: {failure}"
-        diverged += mismatch is not None
+        result = compare_greedy(gen.output_ids, gen.logits, ref, list(rows), TOL)
+        assert result.ok, f"{what} vs HF bf16 generate: {result.failure}"
+        diverged += result.mismatch_at is not None
         # HF bf16's own error on the engine's tokens: the yardstick of what bf16 rounding does to this model.
         tokens = list(prompt) + gen.output_ids
         yardstick = [
