@@ -5,7 +5,7 @@ aborted, leave stale KV in the pages the real requests reuse); prefills split in
 cached prefix; decode batches padded up to captured graph sizes. Two of oracle.zoo's tiny models at head_dim 64:
 qwen3 (GQA group 2, CUDA-core decode) and llama_gqa3 (GQA group 3, tensor-core decode). Every request is greedy, so
 each token is checked against HF float64 teacher-forced on the same sequence: logits within the harness's bf16 bound
-and tokens equal to its argmax up to a near-tie (properties/checks.py).
+and tokens equal to its argmax up to a near-tie (oracle/tolerance.py).
 
 Runs only with CUDA and flashinfer (pytest -m gpu); skipped elsewhere. The engine settings come from
 tests/gpu/gpu_support.py, imported when the property runs (the repository root must be importable, as it is under

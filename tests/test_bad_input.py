@@ -41,6 +41,7 @@ from engine.driver import PageLayout, StaticDriver
 from engine.models import supported_architectures
 from engine.sample import Sampler
 from oracle.hf import HFOracle
+from oracle.pytest_plugin import OraclePool
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 512  # every tiny model's vocabulary
@@ -296,7 +297,7 @@ def test_request_that_can_never_fit(qwen3: Path) -> None:
     eng.shutdown()
 
 
-def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, oracle: HFOracle) -> None:
+def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, oracle: OraclePool) -> None:
     eng = Engine(cpu_config(qwen3, page_size=2, num_page_override=12, max_running_req=4))
     driver = StaticDriver(eng, PageLayout("shuffled", seed=3))
     params = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -307,10 +308,10 @@ def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, ora
     expect(CapacityError, lambda: driver.add(prompts[1], params), "6 KV page(s)", "only 5 are free")
     assert_unchanged(eng, snap)
     driver.run()
-    assert driver.result(first).output_ids == oracle.greedy(prompts[0], 6)
+    assert driver.result(first).output_ids == oracle(qwen3, torch.float32).greedy(prompts[0], 6)
     second = driver.add(prompts[1], params)  # its pages are free again
     driver.run()
-    assert driver.result(second).output_ids == oracle.greedy(prompts[1], 6)
+    assert driver.result(second).output_ids == oracle(qwen3, torch.float32).greedy(prompts[1], 6)
     eng.shutdown()
 
 
@@ -563,9 +564,9 @@ def test_two_engines_interleaved_are_both_correct(tiny_models: dict[str, Path]) 
         driver = StaticDriver(eng, layout)
         prompts = [_prompt(10 * i + j, 3 + 4 * j) for j in range(3)]
         uids = [driver.add(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in prompts]
-        oracle = HFOracle(tiny_models[arch], dtype=torch.float32)
+        ref = HFOracle(tiny_models[arch], dtype=torch.float32)
         drivers.append(driver)
-        expected.append({u: oracle.greedy(p, 8) for u, p in zip(uids, prompts)})
+        expected.append({u: ref.greedy(p, 8) for u, p in zip(uids, prompts)})
     while any(d.running for d in drivers):
         for driver in drivers:
             driver.step()

@@ -18,7 +18,7 @@ import torch
 
 from engine import Engine, EngineConfig, NonFiniteLogitsError, Req, SamplingParams
 from engine.driver import PageLayout, StaticDriver
-from oracle.hf import HFOracle
+from oracle.pytest_plugin import OraclePool
 
 VOCAB = 512
 MAX_TOKENS = 8
@@ -117,7 +117,7 @@ def _scenario(engine: Engine, phase: str) -> tuple[StaticDriver, dict[int, list[
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 @pytest.mark.parametrize("site", list(SITES))
 def test_fault_in_forward_leaves_engine_usable(
-    qwen3: Path, oracle: HFOracle, monkeypatch: pytest.MonkeyPatch, site: str, phase: str
+    qwen3: Path, oracle: OraclePool, monkeypatch: pytest.MonkeyPatch, site: str, phase: str
 ) -> None:
     engine = _engine(qwen3)
     driver, prompts = _scenario(engine, phase)
@@ -128,13 +128,14 @@ def test_fault_in_forward_leaves_engine_usable(
     assert engine.ctx._batch is None, "the Context still holds the failed batch"
     _assert_same(before, _live_state(driver))
     driver.run()  # the fault fired once: the same step now runs
+    ref = oracle(qwen3, torch.float32)
     for uid, prompt in prompts.items():
-        assert driver.result(uid).output_ids == oracle.greedy(prompt, MAX_TOKENS), f"request {uid}"
+        assert driver.result(uid).output_ids == ref.greedy(prompt, MAX_TOKENS), f"request {uid}"
     engine.shutdown()
 
 
 def test_the_same_batch_runs_again_after_a_fault(
-    qwen3: Path, oracle: HFOracle, monkeypatch: pytest.MonkeyPatch
+    qwen3: Path, oracle: OraclePool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = _engine(qwen3, page_size=1)
     prompt = _prompt(4, 7)
@@ -146,7 +147,7 @@ def test_the_same_batch_runs_again_after_a_fault(
         engine.forward_batch(batch, args)
     assert (req.cached_len, req.device_len) == (0, 7) and engine.ctx._batch is None
     out = engine.forward_batch(batch, args)
-    assert int(out.next_tokens_cpu[0]) == oracle.greedy(prompt, 1)[0]
+    assert int(out.next_tokens_cpu[0]) == oracle(qwen3, torch.float32).greedy(prompt, 1)[0]
     assert (req.cached_len, req.device_len) == (7, 8)
     engine.shutdown()
 

@@ -24,7 +24,7 @@ def run_suite(bug: str | None, tmp_path: Path) -> subprocess.CompletedProcess[st
     if bug is not None:
         env["EXAMPLE_ATTENTION_BUG"] = bug
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "pytest", "-p", "oracle.pytest_plugin", "-p", "no:cacheprovider", "-q", "-x"]
+    cmd = [sys.executable, "-m", "pytest", "-p", "oracle.pytest_plugin", "-p", "no:cacheprovider", "-x"]
     cmd += ["--plugin", "examples.my_attention", "--target", TARGET, "--hypothesis-profile=dev"]
     cmd += ["--basetemp", str(tmp_path / "t"), *PROPERTIES]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)

@@ -1,6 +1,6 @@
 """FlashInfer attention against the torch backend and against HF in float64, for page sizes 1, 4 and 16.
 
-Tolerance: the harness's bf16 bound, max |Δlogit| <= 0.06 * max(1, max |reference logit|) (properties/checks.py).
+Tolerance: the harness's bf16 bound, max |Δlogit| <= 0.06 * max(1, max |reference logit|) (oracle/tolerance.py).
 Against the torch backend both sides are bf16, so the bound covers two roundings of the same math; the measured
 worst error is recorded as a junit property (max_logit_diff_*). Greedy tokens must agree except at a near-tie
 (oracle.tolerance.LogitTolerance.near_tie), after which the sequences are no longer comparable.
