@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..tolerance import YARDSTICK_RATIO
-from .result import Check, Figure, Status, VerifyResult
+from .result import Check, Figure, Status, VerifyResult, count_statuses
 
 SCHEMA_VERSION = 1
 _WORDS: dict[Status, str] = {"pass": "passed", "fail": "failed", "not-tested": "not tested", "error": "errors"}
@@ -37,7 +37,7 @@ def _fmt(x: float | None) -> str:
 
 def tally(checks: list[Check]) -> str:
     """'17 passed, 1 not tested': the passed count, then every other status that occurs."""
-    counts = {s: sum(c.status == s for c in checks) for s in _WORDS}
+    counts = count_statuses(checks)
     others = [f"{counts[s]} {_WORDS[s]}" for s in _WORDS if s != "pass" and counts[s]]
     return ", ".join([f"{counts['pass']} passed", *others])
 
@@ -153,14 +153,15 @@ def write_junit(result: VerifyResult, path: Path) -> None:
     env = result.environment
     for section in result.sections():
         checks = result.section(section)
+        section_counts = count_statuses(checks)
         suite = ET.SubElement(
             root,
             "testsuite",
             name=section,
             tests=str(len(checks)),
-            failures=str(sum(c.status == "fail" for c in checks)),
-            errors=str(sum(c.status == "error" for c in checks)),
-            skipped=str(sum(c.status == "not-tested" for c in checks)),
+            failures=str(section_counts["fail"]),
+            errors=str(section_counts["error"]),
+            skipped=str(section_counts["not-tested"]),
             hostname=platform.node(),
         )
         props = ET.SubElement(suite, "properties")

@@ -4,6 +4,7 @@ plotted :class:`Figure` and the :class:`VerifyResult` the reports render."""
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -60,6 +61,11 @@ class Check:
         return cls("run", f"{stage}: {type(exc).__name__}", "error", detail=f"{type(exc).__name__}: {message}{where}")
 
 
+def count_statuses(checks: Sequence[Check]) -> dict[Status, int]:
+    """Checks per status, every status present."""
+    return {s: sum(c.status == s for c in checks) for s in STATUSES}
+
+
 @dataclass(frozen=True)
 class Figure:
     """Observed vs expected frequencies of one sampled row, its most likely tokens first."""
@@ -89,7 +95,7 @@ class VerifyResult:
     prompts: list[list[int]] = field(default_factory=list)
 
     def counts(self) -> dict[Status, int]:
-        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
+        return count_statuses(self.checks)
 
     @property
     def status(self) -> Literal["pass", "fail", "error"]:
