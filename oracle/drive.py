@@ -21,13 +21,32 @@ from oracle.strategies import LayoutSpec, RequestSpec
 from oracle.target import Target
 from oracle.zoo import TINY_ARCHS, tiny_config
 
-__all__ = ["MAX_SEQ_LEN", "TINY_ARCHS", "TINY_VOCAB", "EnginePool", "place", "row_slots", "run_churn", "run_requests"]
+__all__ = [
+    "MAX_SEQ_LEN",
+    "TINY_ARCHS",
+    "TINY_VOCAB",
+    "EnginePool",
+    "continuous_archs",
+    "place",
+    "row_slots",
+    "run_churn",
+    "run_requests",
+]
 
 TINY_VOCAB = tiny_config(TINY_ARCHS[0]).vocab_size
 """Vocabulary of oracle.zoo's tiny models (the same for every architecture)."""
 
 MAX_SEQ_LEN = 96
 """Sequence capacity of every pooled engine: prompts (<= 64) plus new tokens (<= 16) fit."""
+
+
+def continuous_archs(target: Target) -> tuple[str, ...]:
+    """The tiny architectures whose logits are continuous at the target's dtype. Below float32 an MoE's top-k router
+    flips experts on router logits tied within rounding, in HF as in the engine, so a correct engine's rows can be far
+    from any other run's; MoE then runs only where a property allows HF's own error at that dtype (prefill logits)."""
+    if target.torch_dtype == torch.float32:
+        return TINY_ARCHS
+    return tuple(arch for arch in TINY_ARCHS if tiny_config(arch).to_dict().get("num_experts", 0) == 0)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; d
 * ``dev``: 5 examples per test, derandomized: a quick smoke run while editing.
 * ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or ``--hypothesis-seed``'s:
   runs the statistical properties under many seeds to count false failures.
-* ``gpu``: ``ci`` with 10 examples per test, for ``--target cuda-*`` inside one 10-minute device call.
+* ``gpu``: ``ci`` with 10 examples per test and no shrinking, for ``--target cuda-*`` inside one 10-minute device
+  call.
 
 HealthCheck.too_slow is suppressed everywhere: one example runs whole forward passes, which Hypothesis counts as
 slow data generation for strategies drawn inside the test, and the CI machine is shared.
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from oracle.drive import EnginePool
 from oracle.hf import HFOracle
@@ -41,12 +42,14 @@ from oracle.target import TARGET_ENV, Target, TargetError, from_env
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
+_NO_SHRINK = [p for p in Phase if p is not Phase.shrink]
 _COMMON = settings(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", _COMMON, max_examples=25, derandomize=True, database=None)
 settings.register_profile("deep", _COMMON, max_examples=400, derandomize=False)
 settings.register_profile("dev", _COMMON, max_examples=5, derandomize=True, database=None)
 settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=False, database=None)
-settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None)
+# No shrinking on the GPU: a failing example is reported as found, since device time is scarce.
+settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None, phases=_NO_SHRINK)
 
 _TARGET_KEY = pytest.StashKey[Target]()
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import batches, layouts, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
@@ -31,7 +31,7 @@ from oracle.tolerance import logit_tolerance
 def test_decode_matches_teacher_forced_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(2, 16))
     specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params), label="requests")

@@ -36,7 +36,7 @@ from engine import (
 from engine.driver import StaticDriver
 from oracle.budget import examples
 from oracle.checks import compare_greedy
-from oracle.drive import MAX_SEQ_LEN, TINY_ARCHS, TINY_VOCAB, EnginePool
+from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.strategies import layouts, prefix_splits, prompts, sampling_params
 from oracle.tolerance import logit_tolerance
@@ -283,7 +283,7 @@ def _hf_greedy(ref: HFOracle, prompt: list[int], n: int) -> tuple[list[int], lis
 def test_invalid_calls_are_rejected_and_change_nothing(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     page_sizes = [p for p in engines.target.page_sizes if p in FUZZ_PAGE_SIZES] or [min(engines.target.page_sizes)]
     layout = data.draw(layouts(TINY_VOCAB, page_sizes, max_churn=0), label="layout")
     page_size = layout.page_size

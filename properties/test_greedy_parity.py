@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from engine.driver import Generation
 from oracle.budget import examples
 from oracle.checks import compare_greedy
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import RequestSpec, batches, layouts, sampling_params
 from oracle.tolerance import logit_tolerance
@@ -41,7 +41,7 @@ def check_against_hf(ref: HFOracle, spec: RequestSpec, gen: Generation, tol_dtyp
 def test_greedy_matches_hf_tiny(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 12))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, greedy), label="requests")

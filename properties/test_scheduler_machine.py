@@ -43,7 +43,7 @@ from engine import CapacityError, Engine
 from engine.driver import LayoutKind, PageLayout, StaticDriver
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, check_forced_greedy
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.sampler import reference_distribution
 from oracle.strategies import RequestSpec, requests, sampling_params, seeds
@@ -74,13 +74,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.checked: dict[int, int] = {}  # uid -> tokens verified so far
 
     @initialize(
-        arch=st.sampled_from(TINY_ARCHS),
         data=st.data(),
         kind=st.sampled_from(("contiguous", "shuffled", "interleaved")),
         layout_seed=seeds,
         sampler_seed=seeds,
     )
-    def setup(self, arch: str, data: st.DataObject, kind: LayoutKind, layout_seed: int, sampler_seed: int) -> None:
+    def setup(self, data: st.DataObject, kind: LayoutKind, layout_seed: int, sampler_seed: int) -> None:
+        arch = data.draw(st.sampled_from(continuous_archs(self.engines.target)), label="arch")
         page_size = data.draw(st.sampled_from(self.engines.target.page_sizes), label="page_size")
         self.engine: Engine = self.engines.get(
             self.models[arch], page_size, max_running_req=ROWS, num_pages=-(-POOL_SLOTS // page_size)

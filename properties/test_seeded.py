@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
 from oracle.budget import SEEDED_DISTINCT, STAT_ALPHA, examples
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.sampler import reference_distribution
 from oracle.strategies import (
     RequestSpec,
@@ -45,7 +45,7 @@ from oracle.target import Target
 @settings(max_examples=examples(1.2))
 @given(data=st.data())
 def test_same_seed_gives_same_tokens(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     seeded = sampling_params(TINY_VOCAB, greedy=False, seeded=True, max_tokens=st.integers(1, 10))
     targets = data.draw(batches(TINY_VOCAB, 3, 32, params=seeded), label="seeded")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
@@ -109,7 +109,7 @@ def spread_params(vocab: int) -> st.SearchStrategy[SamplingParams]:
 def test_different_seeds_draw_differently(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     spec = data.draw(requests(TINY_VOCAB, 32, params=spread_params(TINY_VOCAB)), label="request")
     assert spec.params.seed is not None
     other_seed = (spec.params.seed + data.draw(st.integers(1, 2**63 - 1), label="seed_offset")) % 2**63

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.strategies import RequestSpec, batches, layouts, sampling_params
 from oracle.tolerance import logit_tolerance
 
@@ -30,7 +30,7 @@ from oracle.tolerance import logit_tolerance
 def test_split_prefill_matches_single_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
-    arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes, max_churn=1), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 6))
     specs = data.draw(batches(TINY_VOCAB, 3, 48, layout.page_size, greedy, split=True), label="requests")
