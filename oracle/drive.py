@@ -46,7 +46,12 @@ def continuous_archs(target: Target) -> tuple[str, ...]:
     from any other run's; MoE then runs only where a property allows HF's own error at that dtype (prefill logits)."""
     if target.torch_dtype == torch.float32:
         return TINY_ARCHS
-    return tuple(arch for arch in TINY_ARCHS if tiny_config(arch).to_dict().get("num_experts", 0) == 0)
+    return tuple(arch for arch in TINY_ARCHS if not _is_moe(arch))
+
+
+def _is_moe(arch: str) -> bool:
+    config = tiny_config(arch)
+    return bool(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
 
 
 @dataclass(frozen=True)

@@ -155,3 +155,11 @@ def test_sampler_backend_is_chosen_by_name(tiny_models: dict[str, Path]) -> None
     engine = Engine(EngineConfig(str(tiny_models["qwen3"]), device="cpu", sampler_backend="torch"))
     assert not engine.sampler.use_flashinfer
     engine.shutdown()
+
+
+def test_moe_leaves_the_continuity_laws_below_float32() -> None:
+    from oracle.drive import continuous_archs
+    from oracle.zoo import TINY_ARCHS
+
+    assert continuous_archs(parse("cpu-fp32")) == TINY_ARCHS
+    assert continuous_archs(parse("cpu-bf16")) == tuple(a for a in TINY_ARCHS if a != "qwen3_moe")
