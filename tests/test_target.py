@@ -163,3 +163,21 @@ def test_moe_leaves_the_continuity_laws_below_float32() -> None:
 
     assert continuous_archs(parse("cpu-fp32")) == TINY_ARCHS
     assert continuous_archs(parse("cpu-bf16")) == tuple(a for a in TINY_ARCHS if a != "qwen3_moe")
+
+
+def test_the_suite_runs_from_outside_the_checkout(tmp_path: Path) -> None:
+    """The installed package's pytest11 entry point brings the options, profiles and fixtures (no conftest here)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "properties", "-p", "no:cacheprovider", "-k", "synthetic"]
+    cmd += ["--target", "cpu-bf16", "--hypothesis-profile=dev", "--basetemp", str(tmp_path / "t")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "target: cpu-bf16" in proc.stdout and "1 passed" in proc.stdout
+
+
+def test_the_mutant_table_refuses_a_target_that_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from oracle.mutants.__main__ import main
+
+    assert main(["--list", "--target", "cpu-fp32,attention=nope"]) == 2
+    assert "attention=nope: attention_backend='nope' is unknown" in capsys.readouterr().err
