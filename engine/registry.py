@@ -6,7 +6,8 @@ the first of the registry's preferred names that is usable here, else the refere
 must be registered and usable, or it is a ConfigError naming the EngineConfig field. Registering a name twice is an
 error unless ``replace=True``, so two plugins cannot silently shadow each other.
 
-    from engine import ATTENTION_BACKENDS, TorchAttnBackend
+    from engine import ATTENTION_BACKENDS
+    from engine.attention import TorchAttnBackend
     ATTENTION_BACKENDS.register("mine", lambda kv, table, heads, device: MyBackend(kv, table, heads))
     Engine(EngineConfig(model, attention_backend="mine"))
 """

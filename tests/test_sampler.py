@@ -103,3 +103,15 @@ def test_temperature_zero_is_greedy() -> None:
     sampler = Sampler(torch.device("cpu"), 30, seed=0)
     tokens = _draw(sampler, logits, [SamplingParams(temperature=0.0, top_k=5, top_p=0.5)] * 8)
     assert torch.equal(tokens, logits.argmax(-1).int())
+
+
+def test_reseed_replays_the_draws_of_a_fresh_sampler() -> None:
+    params = [SamplingParams(temperature=1.0)] * 64
+    batch = Batch([Req(torch.zeros(1, dtype=torch.int32), i, 0, 1, i, p) for i, p in enumerate(params)], "decode")
+    logits = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    fresh = Sampler(torch.device("cpu"), 32, seed=11)
+    expected = fresh.sample(logits, fresh.prepare(batch))
+    used = Sampler(torch.device("cpu"), 32, seed=3)
+    used.sample(logits, used.prepare(batch))
+    used.reseed(11)
+    assert torch.equal(used.sample(logits, used.prepare(batch)), expected)

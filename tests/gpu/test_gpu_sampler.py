@@ -80,6 +80,21 @@ def test_seeded_requests_do_not_depend_on_their_batch() -> None:
     assert int(alone[0]) == int(mixed[1])
 
 
+def test_reseed_restarts_the_philox_stream() -> None:
+    """reseed(s) after some draws replays what a fresh sampler seeded with s draws: FlashInfer's seed and offset
+    restart with the generator, or replayed runs of an unseeded sampled batch would draw other tokens."""
+    params = [SamplingParams(temperature=1.0, top_k=64)] * 256
+    logits = _row(21).cuda().expand(256, -1).contiguous()
+    fresh = Sampler(torch.device("cuda"), VOCAB, seed=11, use_flashinfer=True)
+    expected = [fresh.sample(logits, _args(fresh, params)).cpu() for _ in range(2)]
+    used = Sampler(torch.device("cuda"), VOCAB, seed=3, use_flashinfer=True)
+    used.sample(logits, _args(used, params))
+    used.reseed(11)
+    got = [used.sample(logits, _args(used, params)).cpu() for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert not torch.equal(got[0], got[1])
+
+
 def test_graph_replays_draw_fresh_samples() -> None:
     """One captured draw, replayed: the device-side Philox offset advances inside the graph, so every replay
     draws anew, and the pooled draws follow the reference distribution."""
