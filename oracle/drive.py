@@ -9,6 +9,7 @@ reuse pages that earlier examples and churn requests filled.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ def continuous_archs(target: Target) -> tuple[str, ...]:
     return tuple(arch for arch in TINY_ARCHS if not _is_moe(arch))
 
 
+@functools.cache
 def _is_moe(arch: str) -> bool:
     config = tiny_config(arch)
     return bool(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))

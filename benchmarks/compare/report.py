@@ -7,15 +7,15 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import shlex
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from oracle.environment import cpu_model, git_commit
 
 from ..common import ModelChoice
 from .plan import Plan
@@ -24,23 +24,7 @@ from .plan import Plan
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {torch.get_num_threads()} torch threads"
-
-
-def git_commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
-    except OSError:
-        return "unknown"
-    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return f"{cpu_model()}, {torch.get_num_threads()} torch threads"
 
 
 def print_report(result: dict[str, Any]) -> None:

@@ -15,10 +15,10 @@ import torch
 from engine import SamplingParams
 from engine.driver import PageLayout, StaticDriver
 
+from ..environment import Environment, environment
 from ..hf import HFOracle
 from ..stats import FAMILY_ALPHA, AlphaBudget
 from ..target import Target, from_env
-from .environment import Environment, environment
 from .plan import FULL, QUICK, Plan, load_tokenizer, make_prompts, steps_of, text_decoder, token_labeler
 from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult
 from .sections import (

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from ..environment import Environment
 from ..target import Target
-from .environment import Environment
 
 Status = Literal["pass", "fail", "not-tested", "error"]
 PassesWhen = Literal["<=", ">=", "=="]

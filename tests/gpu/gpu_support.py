@@ -21,7 +21,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.attention.flashinfer_backend import flashinfer_installed
 from engine.driver import Generation, PageLayout, StaticDriver
-from oracle.hf import HFOracle
+from oracle.pytest_plugin import OraclePool
 from oracle.tolerance import logit_tolerance, logits_error
 
 HAS_CUDA = torch.cuda.is_available()
@@ -71,14 +71,7 @@ def generate(
     return [driver.result(uid) for uid in uids]
 
 
-_ORACLES: dict[tuple[str, torch.dtype, str], HFOracle] = {}
-
-
-def hf_oracle(model: Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> HFOracle:
-    key = (str(model), dtype, device)
-    if key not in _ORACLES:
-        _ORACLES[key] = HFOracle(model, dtype=dtype, device=device)
-    return _ORACLES[key]
+hf_oracle = OraclePool()  # hf_oracle(model, dtype=float64, device="cpu"), built once per process
 
 
 TOL = logit_tolerance(torch.bfloat16)  # the harness's bf16 bound and near-tie rule (oracle.tolerance)

@@ -1,5 +1,5 @@
-"""Where a verify run happened, for the report: the harness's git commit, the library versions and the device's
-name (the GPU's on a CUDA target, else the CPU model)."""
+"""Where a run happened, for verify's report and the benchmarks' results: the checkout's git commit, the library
+versions and the device's name (the GPU's on a CUDA target, else the CPU model)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
-from ..target import Target
+from . import __version__
+from .target import Target
 
 COMMIT_ENV = "HFPARITY_COMMIT"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -30,18 +30,22 @@ class Environment:
 
 
 def git_commit() -> str:
-    """$HFPARITY_COMMIT, else the checkout's HEAD (only if this package sits in a git checkout), else "unknown"."""
+    """$HFPARITY_COMMIT, else the checkout's HEAD with "+dirty" when tracked files changed (only if this package sits
+    in a git checkout), else "unknown"."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
     if not (REPO_ROOT / ".git").exists():  # an installed copy: a parent repo's HEAD would be someone else's
         return "unknown"
+
+    def git(*args: str) -> str:
+        cmd = ["git", "-C", str(REPO_ROOT), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        )
+        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    return (sha or "unknown") + ("+dirty" if sha and dirty else "")
 
 
 def _flashinfer_version() -> str | None:
@@ -74,6 +78,10 @@ def device_name(target: Target) -> str:
     """The GPU's name on a CUDA target, else the CPU model."""
     if target.device == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(target.torch_device)
+    return cpu_model()
+
+
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
