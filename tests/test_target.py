@@ -181,3 +181,15 @@ def test_the_mutant_table_refuses_a_target_that_cannot_run(capsys: pytest.Captur
 
     assert main(["--list", "--target", "cpu-fp32,attention=nope"]) == 2
     assert "attention=nope: attention_backend='nope' is unknown" in capsys.readouterr().err
+
+
+def test_the_mutant_table_hands_its_children_the_target_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from oracle.mutants.__main__ import main
+
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "cpu-bf16"\n')
+    monkeypatch.setenv(TARGET_ENV, "cpu-fp32")  # restored after the test; main() sets it for its children
+    assert main(["--list", "--target", str(path)]) == 0
+    assert from_env().dtype == "bfloat16"

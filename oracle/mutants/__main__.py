@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TargetError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    os.environ[TARGET_ENV] = target.name
+    if args.target:  # the text as given: a TOML target's name is its file's stem, which the children cannot parse
+        os.environ[TARGET_ENV] = args.target
     os.environ[PLUGINS_ENV] = ",".join(plugin_names(args.plugin))
 
     console = Console()
