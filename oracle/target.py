@@ -190,8 +190,8 @@ def parse(text: str) -> Target:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise TargetError(f"target file {text}: {exc}") from None
         data = data.get("target", data)  # either top-level keys or a [target] table
-        preset = str(data.pop("preset", DEFAULT))
-        return build(preset, data, str(data.pop("name", path.stem)) if "name" in data else path.stem)
+        preset, name = str(data.pop("preset", DEFAULT)), str(data.pop("name", path.stem))
+        return build(preset, data, name)
     head, *rest = [part.strip() for part in text.split(",")] if text else [DEFAULT]
     preset, pairs = (DEFAULT, [head, *rest]) if "=" in head else (head, rest)
     overrides: dict[str, object] = {}
