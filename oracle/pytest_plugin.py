@@ -20,6 +20,11 @@ Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; d
 HealthCheck.too_slow is suppressed everywhere: one example runs whole forward passes, which Hypothesis counts as
 slow data generation for strategies drawn inside the test, and the CI machine is shared.
 
+Examples are pinned: Hypothesis also draws constants it finds in the loaded local modules (engine/, oracle/,
+a plugin), so which modules a run imported, and any edit to them, would move the derandomized examples; the plugin
+restricts it to its own fixed constants (:func:`pin_hypothesis_constants`). Each test call also runs inside a
+vacuity tally (:mod:`oracle.coverage`): a passing test whose examples too rarely exercised their case fails.
+
 Threads: unless OMP_NUM_THREADS is set, the session runs torch single-threaded (and the engine, which leaves the
 thread count alone when OMP_NUM_THREADS is set, follows): on a loaded 2-core machine every OpenMP barrier can wait a
 whole time slice (a SmolLM2 generation took 16 s with 2 threads and 1.8 s with 1).
@@ -35,6 +40,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
+from oracle import coverage
 from oracle.drive import EnginePool
 from oracle.hf import HFOracle
 from oracle.plugins import PluginError, load_plugins
@@ -66,7 +72,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (repeatable)")
 
 
+def pin_hypothesis_constants() -> None:
+    """Make Hypothesis ignore the constants of local modules (see the module doc); its global ones stay."""
+    from hypothesis.internal.conjecture import providers
+
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty  # the lookup HypothesisProvider makes for every example
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    pin_hypothesis_constants()
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     if not os.environ.get("OMP_NUM_THREADS"):
@@ -80,6 +96,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_TARGET_KEY] = from_env(config.getoption("target")).require()
     except (TargetError, PluginError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with coverage.tally() as observed:
+        result = yield
+    shortfalls = observed.shortfalls()
+    if shortfalls:
+        pytest.fail("too many vacuous examples (oracle.coverage):\n  " + "\n  ".join(shortfalls), pytrace=False)
+    return result
 
 
 def pytest_report_header(config: pytest.Config) -> str:
