@@ -27,6 +27,9 @@ class Mutant:
     targets: tuple[str, ...]
     fast: tuple[str, ...]
     fast_profile: str = "dev"
+    # The device whose code path carries the bug: a kill table runs the mutants of its target's device only
+    # (a FlashInfer or CUDA-graph mutant is invisible on CPU, a torch-backend one on the GPU path).
+    device: str = "cpu"
 
 
 _SAMPLING = "properties/test_sampling_distribution.py"
@@ -154,6 +157,11 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 
+def mutants_for(device: str) -> list[str]:
+    """The mutants a kill table on a target of this device type runs."""
+    return [name for name, m in MUTANTS.items() if m.device == device]
+
+
 @contextlib.contextmanager
 def activate(name: str) -> Iterator[None]:
     """Apply the mutant ``name`` for the duration of the block; the engine is restored exactly afterwards."""
@@ -163,4 +171,4 @@ def activate(name: str) -> Iterator[None]:
         yield
 
 
-__all__ = ["MUTANTS", "Mutant", "activate"]
+__all__ = ["MUTANTS", "Mutant", "activate", "mutants_for"]

@@ -20,7 +20,7 @@ from rich.table import Table
 from .. import __version__
 from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
-from . import MUTANTS
+from . import MUTANTS, mutants_for
 from .runner import BASELINE, REPO_ROOT, RunResult, job_of, run_table, write_json
 
 _STYLE = {"killed": "green", "passed": "green", "survived": "bold red", "failed": "bold red"}
@@ -80,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         console.print(_catalogue_table(args.fast))
         return 0
-    names = args.only or list(MUTANTS)
+    names = args.only or mutants_for(target.device.type)
+    elsewhere = sorted(set(MUTANTS) - set(names)) if not args.only else []
+    if elsewhere:
+        console.print(f"not run on a {target.device.type} target (their bug lives on another device's path): "
+                      + ", ".join(elsewhere), highlight=False)
     total = len(names) + (0 if args.no_baseline else 1)
     count = 0
 
