@@ -28,6 +28,9 @@ FAMILY_ALPHA = 1e-3
 MIN_EXPECTED = 5.0
 """Cochran's rule: a chi-square bucket needs an expected count of about 5; smaller ones are pooled."""
 
+MAX_BUCKETS = 32
+"""A chi-square keeps at most this many buckets (df <= 31), so its power at a given n is known for every row."""
+
 ArrayLike: TypeAlias = torch.Tensor | npt.NDArray[Any]
 
 _WORST_SHOWN = 8  # bins listed in a failure message
@@ -118,6 +121,7 @@ def chi_square_gof(
     alpha: float,
     exclude: ArrayLike | None = None,
     min_expected: float = MIN_EXPECTED,
+    max_buckets: int = MAX_BUCKETS,
 ) -> ChiSquareResult:
     """Pearson chi-square test that ``counts`` (per token) were drawn from ``probs``.
 
@@ -133,14 +137,19 @@ def chi_square_gof(
        :func:`support_check`.
     2. Tokens whose expected count is below ``min_expected`` are pooled into one remainder bucket;
        if that bucket's expected count is itself below ``min_expected`` it is merged into the kept
-       bin with the smallest expected count. Pooling looks only at expected counts, never at the
-       observations, so the chi-square null distribution is unaffected.
+       bin with the smallest expected count. Then, while more than ``max_buckets`` remain, the
+       smallest-expected buckets are pooled into one, so ``df <= max_buckets - 1`` and the power
+       stated for that df holds for any row (fine per-token support errors are the exact checks'
+       business). Pooling looks only at expected counts, never at the observations, so the
+       chi-square null distribution is unaffected.
     3. Expected counts are rescaled in float64 to sum to the tested total (up to rounding);
        ``df = buckets - 1``. A single bucket (all mass on one token, or no samples left) leaves
        nothing to test: the result passes with ``df = 0`` and says so in ``note``.
     """
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha!r} must lie in (0, 1)")
+    if max_buckets < 2:
+        raise ValueError(f"max_buckets={max_buckets!r} must be >= 2")
     c, p, excluded = _counts_and_probs(counts, probs, exclude)
     tested = ~excluded & (p > 0)
     n = int(c[tested].sum())
@@ -161,6 +170,12 @@ def chi_square_gof(
             i = min(range(len(bins)), key=lambda j: bins[j].expected)
             b = bins[i]
             bins[i] = Bin(None, b.size + rest.size, b.observed + rest.observed, b.expected + rest.expected)
+    if len(bins) > max_buckets:
+        bins.sort(key=lambda b: b.expected)
+        cut = len(bins) - max_buckets + 1
+        pooled = bins[:cut]
+        bins = [Bin(None, sum(b.size for b in pooled), sum(b.observed for b in pooled),
+                    math.fsum(b.expected for b in pooled)), *bins[cut:]]
     if len(bins) == 1:
         return ChiSquareResult(
             0.0, 0, 1.0, alpha, n, tuple(bins), dropped, "single bucket: nothing to test, trivially passed"

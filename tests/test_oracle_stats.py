@@ -68,6 +68,23 @@ def test_false_failure_rate_matches_alpha() -> None:
     assert 18 <= rejections <= 65
 
 
+WIDE = torch.full((200,), 1 / 200, dtype=torch.float64)  # 200 tokens of expected 50 each at n = 10000
+
+
+def test_buckets_are_capped_so_df_is_bounded() -> None:
+    result = chi_square_gof(draw_counts(WIDE, 10_000, seed=3), WIDE, 1e-3, max_buckets=32)
+    assert result.passed and result.df == 31 and len(result.bins) == 32
+    assert sum(b.size for b in result.bins) == 200 and math.isclose(sum(b.expected for b in result.bins), 10_000)
+
+
+def test_capped_buckets_keep_the_null_distribution() -> None:
+    # As above, Binomial(400, 0.1) rejections at alpha = 0.1 with 200 tokens pooled into 8 buckets.
+    rejections = sum(
+        not chi_square_gof(draw_counts(WIDE, 2000, seed=s), WIDE, 0.1, max_buckets=8).passed for s in range(400)
+    )
+    assert 18 <= rejections <= 65
+
+
 def test_small_remainder_merges_into_smallest_kept_bin() -> None:
     probs = torch.tensor([0.6, 0.3, 0.08, 0.02], dtype=torch.float64)
     counts = torch.tensor([60, 30, 8, 2])  # n = 100: expected 60, 30, 8, 2
