@@ -63,6 +63,7 @@ MARKERS = (
     "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
     "gpu: needs a CUDA GPU; skipped without one",
     "slow: long-running; deselect with -m 'not slow'",
+    "statistical: can fail a correct engine by chance (α-budgeted); python -m oracle.false_failures runs these",
 )
 
 
