@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         console.print(_catalogue_table(args.fast))
         return 0
-    names = args.only or mutants_for(target.device.type)
+    names = args.only or mutants_for(target.torch_device.type)
     elsewhere = sorted(set(MUTANTS) - set(names)) if not args.only else []
     if elsewhere:
-        console.print(f"not run on a {target.device.type} target (their bug lives on another device's path): "
+        console.print(f"not run on a {target.torch_device.type} target (their bug lives on another device's path): "
                       + ", ".join(elsewhere), highlight=False)
     total = len(names) + (0 if args.no_baseline else 1)
     count = 0
