@@ -324,3 +324,17 @@ def required_samples(w: float, df: int, alpha: float, power: float = 0.9) -> int
         else:
             lo = mid
     return hi
+
+
+def detectable_effect(n: int, df: int, alpha: float, power: float = 0.99) -> float:
+    """Smallest Cohen's ``w`` that the chi-square test with ``n`` samples detects with ``power`` at ``alpha``."""
+    if n < 1 or df < 1 or not 0.0 < alpha < 1.0 or not alpha < power < 1.0:
+        raise ValueError(f"invalid arguments n={n}, df={df}, alpha={alpha}, power={power}")
+    lo, hi = 0.0, 1.0
+    while _power(n, hi, df, alpha) < power:
+        hi *= 2
+    for _ in range(60):  # bisection to ~1e-18 relative: power is monotone in w
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _power(n, mid, df, alpha) >= power else (mid, hi)
+    return hi
+

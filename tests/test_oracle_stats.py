@@ -15,6 +15,7 @@ import torch
 from oracle.stats import (
     AlphaBudget,
     chi_square_gof,
+    detectable_effect,
     per_test_alpha,
     power,
     required_samples,
@@ -159,3 +160,10 @@ def test_required_samples_is_minimal_and_monotone() -> None:
     assert power(n, 0.1, 10, 1e-4) >= 0.9 > power(n - 1, 0.1, 10, 1e-4)
     sizes = [required_samples(w, df=5, alpha=1e-3) for w in (0.05, 0.1, 0.2, 0.4)]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+
+
+def test_detectable_effect_inverts_required_samples() -> None:
+    w = detectable_effect(9789, df=31, alpha=1e-6, power=0.99)
+    assert math.isclose(w, 0.1, rel_tol=1e-3)
+    assert required_samples(w, 31, 1e-6, 0.99) <= 9789 < required_samples(w * 0.999, 31, 1e-6, 0.99)
+
