@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -113,7 +113,9 @@ class StaticDriver:
         layout: PageLayout | None = None,
         record_logits: bool = False,
         max_prefill_tokens: int | None = None,
+        eos_token_ids: Collection[int] | None = None,
     ) -> None:
+        """eos_token_ids: the tokens that finish a request not ignoring EOS (default: the model's EOS ids)."""
         if max_prefill_tokens is not None and (not is_int(max_prefill_tokens) or max_prefill_tokens <= 0):
             raise ConfigError(f"max_prefill_tokens={max_prefill_tokens!r} is invalid: use an int >= 1 or None")
         self.engine = engine
@@ -123,6 +125,9 @@ class StaticDriver:
         self.free_rows: deque[int] = deque(range(engine.config.max_running_req))
         self.record_logits = record_logits
         self.max_prefill_tokens = max_prefill_tokens
+        self.eos_token_ids = frozenset(
+            engine.model_config.eos_token_ids if eos_token_ids is None else (int(t) for t in eos_token_ids)
+        )
         self.running: dict[int, RequestState] = {}
         self.finished: dict[int, RequestState] = {}
         self._next_uid = 0
@@ -276,7 +281,6 @@ class StaticDriver:
         out = self.engine.forward_batch(batch, args)
         out.copy_done_event.synchronize()
         produced: dict[int, int] = {}
-        eos = set(self.engine.model_config.eos_token_ids)
         tokens = out.next_tokens_cpu.tolist()
         for i, (seq, was_partial) in enumerate(zip(seqs, partial)):
             if was_partial:
@@ -289,7 +293,7 @@ class StaticDriver:
             produced[seq.req.uid] = token
             if len(seq.output_ids) >= seq.req.sampling_params.max_tokens:
                 self._finish(seq, "length")
-            elif token in eos and not seq.req.sampling_params.ignore_eos:
+            elif token in self.eos_token_ids and not seq.req.sampling_params.ignore_eos:
                 self._finish(seq, "eos")
         return produced
 

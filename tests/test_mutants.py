@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 
 from engine.attention import torch_backend
+from engine.driver import StaticDriver
 from engine.engine import Engine
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
@@ -32,6 +33,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     RMSNorm,
     torch_backend.TorchAttnBackend,
     torch_backend,
+    StaticDriver,
 )
 
 

@@ -153,6 +153,24 @@ MUTANTS: dict[str, Mutant] = {
             (_BF16_NORMS,),
             (_BF16_NORMS,),
         ),
+        # ---- laws (issue #11 classes 2, 4, 5, 7): each killed by the property stating its law ----------------------
+        Mutant(
+            "pages_leak_on_abort",
+            "an aborted request returns its mapped pages but never the unmapped rest of its reservation",
+            "vllm-project/vllm#46283, sgl-project/sglang#21652 (KV blocks of aborted requests never freed)",
+            c.pages_leak_on_abort,
+            (_SCHEDULER,),
+            (_SCHEDULER,),
+        ),
+        Mutant(
+            "pages_leak_on_eos",
+            "a request that stops on EOS keeps its last page off the free list",
+            "kekzl/imp#1115 (one KV block per request never returned), sgl-project/sglang-jax#982 (finish path "
+            "frees the wrong KV slots)",
+            c.pages_leak_on_eos,
+            (_SCHEDULER,),
+            (_SCHEDULER,),
+        ),
     )
 }
 

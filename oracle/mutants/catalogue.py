@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from engine.attention import torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
 from engine.core import Batch, Phase, Req
+from engine.driver import RequestState, StaticDriver
 from engine.engine import Engine
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
@@ -34,6 +35,7 @@ _ORIGINAL_PREPARE = Sampler.prepare
 _ORIGINAL_STORE_KV = KVCachePool.store_kv
 _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
 _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
+_ORIGINAL_FINISH = StaticDriver._finish
 
 
 @contextlib.contextmanager
@@ -172,6 +174,24 @@ def _dummy_page_zero(self: KVCachePool) -> int:
     return 0
 
 
+# ---- laws (issue #11 classes 2, 4, 5, 7): seeds along positions, page accounting, KV isolation, logits ---------
+
+
+def _finish_keeps_abort_reservation(self: StaticDriver, seq: RequestState, reason: str) -> None:
+    """An aborted request gives back its mapped pages, but the unmapped rest of its reservation stays reserved."""
+    if reason == "abort":
+        seq.reserved_pages = len(seq.pages)  # the bug: the unused reservation is forgotten, never released
+    _ORIGINAL_FINISH(self, seq, reason)
+
+
+def _finish_drops_last_page_on_eos(self: StaticDriver, seq: RequestState, reason: str) -> None:
+    """A request that stops on EOS never returns its last mapped page to the free list (its reservation is right)."""
+    if reason == "eos" and seq.pages:
+        seq.pages = seq.pages[:-1]
+        seq.reserved_pages -= 1  # the page counts as released from the reservation, but is in no list
+    _ORIGINAL_FINISH(self, seq, reason)
+
+
 # ---- the patches: one context manager per mutant -------------------------------------------------------------
 
 
@@ -223,3 +243,11 @@ def kv_wrong_slot_paged() -> contextlib.AbstractContextManager[None]:
 
 def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
     return _swap(KVCachePool, "dummy_page", property(_dummy_page_zero))
+
+
+def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "_finish", _finish_keeps_abort_reservation)
+
+
+def pages_leak_on_eos() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "_finish", _finish_drops_last_page_on_eos)
