@@ -28,6 +28,7 @@ __all__ = [
     "TINY_VOCAB",
     "EnginePool",
     "continuous_archs",
+    "kv_slot_view",
     "place",
     "row_slots",
     "run_churn",
@@ -158,3 +159,9 @@ def place(engine: Engine, tokens: Sequence[int], cached_len: int, row: int, para
 def row_slots(engine: Engine, req: Req) -> torch.Tensor:
     """The KV slots [0, device_len) of a request, from the page table (int64)."""
     return engine.page_table[req.table_idx, : req.device_len].long()
+
+
+def kv_slot_view(engine: Engine) -> torch.Tensor:
+    """The engine's KV pool as [2 (K, V), layers, slots, kv_heads, head_dim] (a view)."""
+    pool = engine.kv_cache
+    return pool.buffer.view(2, pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim)

@@ -41,6 +41,12 @@ request_seeds = st.one_of(st.sampled_from((0, 2**32, 2**63 - 1)), st.integers(0,
 """A SamplingParams.seed: the whole valid range, with the 32-bit boundary (CPU generators keep 32 bits) as an edge."""
 
 
+def high_biased_integers(low: int, high: int) -> st.SearchStrategy[int]:
+    """low..high drawn mirrored: Hypothesis favours the small end of a range, this favours the large end (e.g. a
+    max_tokens long enough for a request to decode, stop on EOS or wait beside others)."""
+    return st.integers(low, high).map(lambda n: low + high - n)
+
+
 # ---- sampling parameters ---------------------------------------------------------------------------------------
 
 

@@ -27,15 +27,9 @@ from engine import Engine
 from engine.graph import GraphRunner
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
-from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, place
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, kv_slot_view, place
 from oracle.strategies import RequestSpec, batches, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
-
-
-def slot_view(engine: Engine) -> torch.Tensor:
-    """The KV pool as [2, layers, slots, kv_heads, head_dim] (a view)."""
-    pool = engine.kv_cache
-    return pool.buffer.view(2, pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim)
 
 
 def decode_step(engine: Engine, specs: list[RequestSpec], next_ids: list[int], pad_to: int | None) -> torch.Tensor:
@@ -82,7 +76,7 @@ def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path],
     sizes = [b for b in runner.bs_list if b > len(specs)] if runner.enabled else range(len(specs) + 1, max_req + 1)
     pad_to = data.draw(st.sampled_from(list(sizes)), label="pad_to")
     seed = data.draw(seeds, label="sentinel_seed")
-    view = slot_view(engine)
+    view = kv_slot_view(engine)
     dummy_slots = torch.arange(engine.num_pages * page_size, (engine.num_pages + 1) * page_size, device=view.device)
     assert engine.kv_cache.dummy_page == engine.num_pages
     assert bool(((engine.page_table[engine.dummy_row] // page_size) == engine.num_pages).all())

@@ -63,7 +63,7 @@ from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.sampler import reference_distribution
-from oracle.strategies import RequestSpec, requests, sampling_params, seeds
+from oracle.strategies import RequestSpec, high_biased_integers, requests, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
 
 ROWS = 4
@@ -76,8 +76,7 @@ def _honouring(spec: RequestSpec, ignore_eos: bool) -> RequestSpec:
 
 
 def request_params() -> st.SearchStrategy[RequestSpec]:
-    # 1..8 new tokens, drawn mirrored: Hypothesis favours small integers, and a request needs several to hit EOS.
-    max_tokens = st.integers(1, 8).map(lambda n: 9 - n)
+    max_tokens = high_biased_integers(1, 8)  # a request needs several tokens to hit EOS
     params = sampling_params(TINY_VOCAB, greedy=True, max_tokens=max_tokens) | sampling_params(
         TINY_VOCAB, greedy=False, seeded=True, max_tokens=max_tokens
     )

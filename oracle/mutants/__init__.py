@@ -43,6 +43,7 @@ _SPLIT = "properties/test_split_prefill.py"
 _LAYOUT = "properties/test_page_layout.py"
 _PADDING = "properties/test_inert_padding.py"
 _SCHEDULER = "properties/test_scheduler_machine.py"
+_KV_ISOLATION = "properties/test_kv_isolation.py"
 _SAMPLER_TESTS = "tests/test_sampler.py"
 _KV_TESTS = "tests/test_kvcache.py"
 _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
@@ -170,6 +171,16 @@ MUTANTS: dict[str, Mutant] = {
             c.pages_leak_on_eos,
             (_SCHEDULER,),
             (_SCHEDULER,),
+        ),
+        Mutant(
+            "kv_write_spills_single_token",
+            "a one-token batch (a lone decode, a 1-token prefill chunk) also writes its K/V into the slot one page "
+            "further on, which another request may own",
+            "gittensor-ai-lab/sparkinfer#289 (a decode KV write through the wrong block table cross-contaminates "
+            "other sequences' KV)",
+            c.kv_write_spills_single_token,
+            (_KV_ISOLATION, _SPLIT, _GREEDY),
+            (_KV_ISOLATION,),
         ),
     )
 }

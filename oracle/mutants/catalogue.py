@@ -192,6 +192,17 @@ def _finish_drops_last_page_on_eos(self: StaticDriver, seq: RequestState, reason
     _ORIGINAL_FINISH(self, seq, reason)
 
 
+def _store_kv_spills_single_token(
+    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int
+) -> None:
+    """A one-token batch (a lone decode, a 1-token prefill chunk) also writes its K/V one page further on, a slot
+    of whichever request owns that page; its own slot is right, so its own outputs are too."""
+    _ORIGINAL_STORE_KV(self, k, v, out_loc, layer)
+    if out_loc.numel() == 1:
+        spill = (out_loc.long() + self.page_size) % (self.num_pages * self.page_size)  # stays in the real pages
+        _ORIGINAL_STORE_KV(self, k, v, spill, layer)
+
+
 # ---- the patches: one context manager per mutant -------------------------------------------------------------
 
 
@@ -251,3 +262,7 @@ def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
 
 def pages_leak_on_eos() -> contextlib.AbstractContextManager[None]:
     return _swap(StaticDriver, "_finish", _finish_drops_last_page_on_eos)
+
+
+def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
+    return _swap(KVCachePool, "store_kv", _store_kv_spills_single_token)
