@@ -42,7 +42,8 @@ MODEL_ROWS = 3
 SAMPLING_SYNTHETIC = StatPlan(examples(2.0), 2 * SYNTHETIC_ROWS)
 SAMPLING_MODEL = StatPlan(examples(0.8), 2 * MODEL_ROWS)
 SEEDED_DISTINCT = StatPlan(examples(0.8), 1)  # identical draws from two seeds, at most once per example
+SEEDED_POSITIONS = StatPlan(examples(0.6), 3)  # a seeded row along positions: support, chi-square, repeats
 
-_PLANS = (SAMPLING_SYNTHETIC, SAMPLING_MODEL, SEEDED_DISTINCT)
+_PLANS = (SAMPLING_SYNTHETIC, SAMPLING_MODEL, SEEDED_DISTINCT, SEEDED_POSITIONS)
 STAT_ALPHA = AlphaBudget(tests=sum(p.examples * p.checks_per_example for p in _PLANS), total=PROPERTIES_ALPHA).per_test
 """α of each statistical check in properties/ under the active profile."""

@@ -4,6 +4,7 @@
   excluded (ambiguous) tokens dropped; see its docstring for the exact rules.
 * :func:`support_check`: no sample outside the support, and every token that is all but
   certain to appear does appear.
+* :func:`repeats_p_value`: whether successive draws repeat more often than independent draws would.
 * :class:`AlphaBudget` / :func:`per_test_alpha`: a family-wise false-failure budget (<= 1e-3 per
   CI run) split over all statistical test invocations by Bonferroni.
 * :func:`power` / :func:`required_samples`: sample sizes from the noncentral chi-square.
@@ -261,6 +262,17 @@ def support_check(
             if c[t] == 0:
                 missing.append((t, float(p[t]), float(miss[i])))
     return SupportResult(n, alpha, required, outside, tuple(missing))
+
+
+def repeats_p_value(repeats: int, pairs: int, collision: float) -> float:
+    """P(at least ``repeats`` of ``pairs`` disjoint pairs of draws are equal) when the draws are independent.
+
+    Two independent draws from q are equal with probability ``collision`` = sum_i q_i^2, so the count of equal
+    pairs is Binomial(pairs, collision): a small value says the draws of a pair share their randomness.
+    """
+    if not 0 <= repeats <= pairs or not 0.0 <= collision <= 1.0:
+        raise ValueError(f"invalid arguments repeats={repeats}, pairs={pairs}, collision={collision}")
+    return float(sps.binom.sf(repeats - 1, pairs, collision))
 
 
 def per_test_alpha(n_tests: int, family_alpha: float = FAMILY_ALPHA) -> float:

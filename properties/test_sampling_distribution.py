@@ -8,9 +8,9 @@ threshold (the reference's ambiguous mask) are left out of both. Greedy rows (te
 a maximal logit every time.
 
 α: every check runs at oracle.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
-every statistical check the active profile can run (9.3e-7 per check under `ci`: 540 checks).
+every statistical check the active profile can run (8.5e-7 per check under `ci`: 585 checks).
 
-Sample sizes, with the power of the chi-square test (oracle.stats.power at α = 9.3e-7) against Cohen's effect
+Sample sizes, with the power of the chi-square test (oracle.stats.power at α = 8.5e-7) against Cohen's effect
 size w:
 
 * synthetic logits, N_SYNTHETIC = 8000 draws per row, vocab 2..24 (df <= 23): power >= 0.96 against w = 0.1.

@@ -12,8 +12,17 @@
 * Different seeds, different draws: two requests with the same prompt and parameters but different seeds decode
   16 tokens side by side. Identical outputs are possible by chance: with p_t the reference distribution at step t,
   P(identical) = prod_t sum_i p_t[i]^2. The test fails only if the outputs are identical and that probability is
-  below oracle.budget.STAT_ALPHA (it is one of the budgeted statistical checks); if it is larger, the example
-  is inconclusive and reported as an event.
+  below oracle.budget.STAT_ALPHA (it is one of the budgeted statistical checks). An example is decisive when that
+  probability is below α, so that seeds which changed nothing would fail it; at least 80% must be (floor).
+* Draws along positions are independent: one seeded request's logits row is sampled at POSITION_DRAWS = 1000
+  successive positions (its device_len at successive decode steps), which a correct sampler draws as independent
+  samples of one distribution. Three checks at STAT_ALPHA (oracle.budget.SEEDED_POSITIONS): the support check and
+  the chi-square of the 1000 draws against oracle.sampler's reference (which detect Cohen's w >= 0.31 with power
+  0.99 at df <= 31, the most a chi-square keeps: oracle.stats.detectable_effect at α = 8.5e-7 under `ci`), and the
+  repeats test: of the 500 disjoint pairs of successive draws, the number of equal ones is Binomial(500, s) with
+  s = sum_i q_i^2 over the engine's own filtered distribution q, and too many fail (oracle.stats.repeats_p_value).
+  Noise that does not move with the position (every draw equal) fails the repeats test whenever s^500 < α, i.e.
+  s < 0.972; such examples count as decisive, and at least 80% must be (floor).
 """
 
 from __future__ import annotations
@@ -22,14 +31,18 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
-from hypothesis import event, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
-from oracle.budget import SEEDED_DISTINCT, STAT_ALPHA, examples
-from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
+from oracle.budget import SEEDED_DISTINCT, SEEDED_POSITIONS, STAT_ALPHA, examples
+from oracle.checks import check_sample_counts
+from oracle.coverage import exercised
+from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.sampler import reference_distribution
+from oracle.stats import repeats_p_value
 from oracle.strategies import (
     RequestSpec,
     batches,
@@ -40,6 +53,8 @@ from oracle.strategies import (
     seeds,
 )
 from oracle.target import Target
+
+POSITION_DRAWS = 1000  # even: the repeats test pairs draws (0, 1), (2, 3), ...
 
 
 @settings(max_examples=examples(1.2))
@@ -104,6 +119,7 @@ def spread_params(vocab: int) -> st.SearchStrategy[SamplingParams]:
     )
 
 
+@pytest.mark.statistical
 @settings(max_examples=SEEDED_DISTINCT.examples)
 @given(data=st.data())
 def test_different_seeds_draw_differently(
@@ -115,13 +131,40 @@ def test_different_seeds_draw_differently(
     other_seed = (spec.params.seed + data.draw(st.integers(1, 2**63 - 1), label="seed_offset")) % 2**63
     twin = RequestSpec(spec.prompt, replace(spec.params, seed=other_seed))
     a, b = run_requests(engines.get(tiny_models[arch]), [spec, twin])
-    if a.output_ids != b.output_ids:
-        return
     log_p_same = sum(
         math.log(float((reference_distribution(row, spec.params).probs ** 2).sum())) for row in a.logits
     )
-    assert log_p_same > math.log(STAT_ALPHA), (
+    decisive = exercised("different seeds: identical draws would fail", log_p_same < math.log(STAT_ALPHA), 0.8)
+    assert a.output_ids != b.output_ids or not decisive, (
         f"seeds {spec.params.seed} and {other_seed} drew the same {len(a.output_ids)} tokens {a.output_ids}, "
         f"which a correct sampler does with probability {math.exp(log_p_same):.3g} < alpha {STAT_ALPHA:.3g}"
     )
-    event("identical draws, inconclusive (probability above alpha)")
+
+
+@pytest.mark.statistical
+@settings(max_examples=SEEDED_POSITIONS.examples)
+@given(data=st.data())
+def test_seeded_draws_along_positions_are_independent(data: st.DataObject, target: Target) -> None:
+    vocab = data.draw(st.integers(8, 64) | st.just(512), label="vocab")
+    row = data.draw(logits_rows(vocab, ties=data.draw(st.booleans(), label="ties")), label="row")
+    params = data.draw(spread_params(vocab), label="params")
+    first = data.draw(st.integers(1, MAX_SEQ_LEN), label="first_position")
+    sampler = target.make_sampler(vocab, data.draw(seeds, label="sampler_seed"))
+    # One seeded request at POSITION_DRAWS successive positions (device_len first, first + 1, ...), same logits.
+    reqs = [
+        Req(torch.zeros(first + i, dtype=torch.int32), i, 0, 1, i, params) for i in range(POSITION_DRAWS)
+    ]
+    args = sampler.prepare(Batch(reqs, "decode"))
+    logits = row.to(sampler.device).expand(POSITION_DRAWS, -1).contiguous()
+    draws = sampler.sample(logits, args).cpu()
+    failures = check_sample_counts(torch.bincount(draws.long(), minlength=vocab), row, params, STAT_ALPHA)
+    assert not failures, f"{params}, positions {first}..{first + POSITION_DRAWS - 1}:\n" + "\n".join(failures)
+    collision = float((sampler.filtered_probs(logits, args)[0].double() ** 2).sum())  # the engine's own q
+    pairs = draws.view(-1, 2)
+    repeats = int((pairs[:, 0] == pairs[:, 1]).sum())
+    exercised("seeded positions: frozen noise would fail", collision ** len(pairs) < STAT_ALPHA, 0.8)
+    p_value = repeats_p_value(repeats, len(pairs), collision)
+    assert p_value >= STAT_ALPHA, (
+        f"{repeats} of {len(pairs)} pairs of successive draws are equal, {len(pairs) * collision:.1f} expected: "
+        f"independent draws repeat that often with probability {p_value:.3g} < alpha {STAT_ALPHA:.3g} ({params})"
+    )

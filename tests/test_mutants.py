@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from engine import sample
 from engine.attention import torch_backend
 from engine.driver import StaticDriver
 from engine.engine import Engine
@@ -34,6 +35,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     torch_backend.TorchAttnBackend,
     torch_backend,
     StaticDriver,
+    sample,
 )
 
 

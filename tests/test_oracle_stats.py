@@ -18,6 +18,7 @@ from oracle.stats import (
     detectable_effect,
     per_test_alpha,
     power,
+    repeats_p_value,
     required_samples,
     support_check,
 )
@@ -167,3 +168,12 @@ def test_detectable_effect_inverts_required_samples() -> None:
     assert math.isclose(w, 0.1, rel_tol=1e-3)
     assert required_samples(w, 31, 1e-6, 0.99) <= 9789 < required_samples(w * 0.999, 31, 1e-6, 0.99)
 
+
+
+def test_repeats_p_value_is_the_binomial_tail() -> None:
+    # 3 pairs repeating with probability 1/2 each: P(>= 2 repeats) = 3/8 + 1/8.
+    assert repeats_p_value(2, 3, 0.5) == pytest.approx(0.5)
+    assert repeats_p_value(0, 3, 0.5) == 1.0
+    assert repeats_p_value(500, 500, 0.9) == pytest.approx(0.9**500)
+    with pytest.raises(ValueError):
+        repeats_p_value(4, 3, 0.5)

@@ -156,6 +156,15 @@ MUTANTS: dict[str, Mutant] = {
         ),
         # ---- laws (issue #11 classes 2, 4, 5, 7): each killed by the property stating its law ----------------------
         Mutant(
+            "seed_position_lost",
+            "the step seed ignores the position: a seeded request draws the same noise at every step",
+            "vllm-project/vllm-metal#50 (seeded RNG re-seeded every step, freezing the noise), trymirai/uzu#45 (all "
+            "tokens sampled with the same seed)",
+            c.seed_position_lost,
+            (_SEEDED,),
+            (f"{_SEEDED}::test_seeded_draws_along_positions_are_independent",),
+        ),
+        Mutant(
             "pages_leak_on_abort",
             "an aborted request returns its mapped pages but never the unmapped rest of its reservation",
             "vllm-project/vllm#46283, sgl-project/sglang#21652 (KV blocks of aborted requests never freed)",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine import sample
 from engine.attention import torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
 from engine.core import Batch, Phase, Req
@@ -36,6 +37,7 @@ _ORIGINAL_STORE_KV = KVCachePool.store_kv
 _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
 _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
 _ORIGINAL_FINISH = StaticDriver._finish
+_ORIGINAL_STEP_SEED = sample.step_seed
 
 
 @contextlib.contextmanager
@@ -177,6 +179,11 @@ def _dummy_page_zero(self: KVCachePool) -> int:
 # ---- laws (issue #11 classes 2, 4, 5, 7): seeds along positions, page accounting, KV isolation, logits ---------
 
 
+def _step_seed_without_position(seed: int, position: int) -> int:
+    """The step seed ignores the position: a seeded request draws the same noise at every step."""
+    return _ORIGINAL_STEP_SEED(seed, 0)
+
+
 def _finish_keeps_abort_reservation(self: StaticDriver, seq: RequestState, reason: str) -> None:
     """An aborted request gives back its mapped pages, but the unmapped rest of its reservation stays reserved."""
     if reason == "abort":
@@ -266,3 +273,8 @@ def pages_leak_on_eos() -> contextlib.AbstractContextManager[None]:
 
 def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
     return _swap(KVCachePool, "store_kv", _store_kv_spills_single_token)
+
+
+def seed_position_lost() -> contextlib.AbstractContextManager[None]:
+    # Sampler.prepare reaches step_seed through engine.sample's module-level name; only that name is rebound.
+    return _swap(sample, "step_seed", _step_seed_without_position)
