@@ -46,7 +46,7 @@ def owners(engine: Engine, live: list[RequestState]) -> dict[int, str]:
 def checked_step(driver: StaticDriver) -> dict[str, bool]:
     """One driver step, asserting the law; returns which batch shapes it had."""
     engine = driver.engine
-    view = kv_slot_view(engine)
+    view = kv_slot_view(engine).view(torch.uint8)  # bytes: bitwise, and a NaN left in the pool equals itself
     live = list(driver.running.values())
     before = [(seq, seq.req.cached_len, seq.prefilling) for seq in live]
     stored = view.clone()

@@ -19,6 +19,7 @@ from engine import sample
 from engine.attention import torch_backend
 from engine.driver import StaticDriver
 from engine.engine import Engine
+from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import Sampler
@@ -36,6 +37,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     torch_backend,
     StaticDriver,
     sample,
+    GraphRunner,
 )
 
 

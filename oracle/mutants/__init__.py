@@ -44,6 +44,7 @@ _LAYOUT = "properties/test_page_layout.py"
 _PADDING = "properties/test_inert_padding.py"
 _SCHEDULER = "properties/test_scheduler_machine.py"
 _KV_ISOLATION = "properties/test_kv_isolation.py"
+_STEP_OUTPUTS = "properties/test_step_outputs.py"
 _SAMPLER_TESTS = "tests/test_sampler.py"
 _KV_TESTS = "tests/test_kvcache.py"
 _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
@@ -190,6 +191,26 @@ MUTANTS: dict[str, Mutant] = {
             c.kv_write_spills_single_token,
             (_KV_ISOLATION, _SPLIT, _GREEDY),
             (_KV_ISOLATION,),
+        ),
+        Mutant(
+            "logits_alias_buffer",
+            "forward_batch returns its logits as a view of one persistent buffer, overwritten by every later step",
+            "wejoncy/sfllm#44 (one logits buffer reused across steps), NVIDIA/TensorRT-LLM#14326 (outputs backed by "
+            "storage the next call overwrites)",
+            c.logits_alias_buffer,
+            (_STEP_OUTPUTS,),
+            (_STEP_OUTPUTS,),
+        ),
+        Mutant(
+            "graph_logits_alias",
+            "a CUDA-graph replay returns the graph's static output buffer, not a copy: the next replay overwrites the "
+            "logits of this step",
+            "sgl-project/sglang#35546 (outputs cloned out of the captured graph buffer so later replays cannot "
+            "overwrite them), vllm-project/vllm#9724 (cudagraph outputs live in the graph pool)",
+            c.graph_logits_alias,
+            (_STEP_OUTPUTS,),
+            (_STEP_OUTPUTS,),
+            device="cuda",
         ),
     )
 }

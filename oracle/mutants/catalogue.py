@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +25,8 @@ from engine.attention import torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
 from engine.core import Batch, Phase, Req
 from engine.driver import RequestState, StaticDriver
-from engine.engine import Engine
+from engine.engine import Engine, ForwardOutput
+from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import BatchSamplingArgs, Sampler
@@ -38,6 +40,8 @@ _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
 _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
 _ORIGINAL_FINISH = StaticDriver._finish
 _ORIGINAL_STEP_SEED = sample.step_seed
+_ORIGINAL_FORWARD_BATCH = Engine.forward_batch
+_ORIGINAL_REPLAY = GraphRunner.replay
 
 
 @contextlib.contextmanager
@@ -210,6 +214,27 @@ def _store_kv_spills_single_token(
         _ORIGINAL_STORE_KV(self, k, v, spill, layer)
 
 
+_SHARED_LOGITS: weakref.WeakKeyDictionary[Engine, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
+@torch.inference_mode()
+def _forward_batch_into_shared_logits(self: Engine, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+    """The logits come back as a view of one buffer per engine, which every later step overwrites."""
+    out = _ORIGINAL_FORWARD_BATCH(self, batch, args)
+    rows = self.config.max_running_req
+    if self not in _SHARED_LOGITS:
+        _SHARED_LOGITS[self] = out.logits.new_empty(rows, out.logits.shape[1])
+    shared = _SHARED_LOGITS[self][: out.logits.shape[0]]
+    shared.copy_(out.logits)
+    return dataclasses.replace(out, logits=shared)
+
+
+def _replay_hands_out_static_output(self: GraphRunner, batch: Batch) -> torch.Tensor:
+    """A replay returns the graph's static output buffer itself, not a copy: the next replay overwrites it."""
+    _ORIGINAL_REPLAY(self, batch)
+    return self.outputs[batch.padded_size]
+
+
 # ---- the patches: one context manager per mutant -------------------------------------------------------------
 
 
@@ -278,3 +303,11 @@ def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
 def seed_position_lost() -> contextlib.AbstractContextManager[None]:
     # Sampler.prepare reaches step_seed through engine.sample's module-level name; only that name is rebound.
     return _swap(sample, "step_seed", _step_seed_without_position)
+
+
+def logits_alias_buffer() -> contextlib.AbstractContextManager[None]:
+    return _swap(Engine, "forward_batch", _forward_batch_into_shared_logits)
+
+
+def graph_logits_alias() -> contextlib.AbstractContextManager[None]:
+    return _swap(GraphRunner, "replay", _replay_hands_out_static_output)
