@@ -99,6 +99,6 @@ def test_a_step_writes_only_its_batch_slots(
             for shape, hit in checked_step(driver).items():
                 seen[shape] |= hit
         step += 1
-    exercised("kv isolation: a single-token batch", seen["single"], 0.8)
+    exercised("kv isolation: a single-token batch", seen["single"], 0.7)
     exercised("kv isolation: a prefill extending cached KV", seen["extend"], 0.6)
     exercised("kv isolation: a live request's KV outside the batch", seen["outside"], 0.7)
