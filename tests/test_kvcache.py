@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,36 @@ def test_dummy_request_writes_only_the_dummy_page(tiny_models: dict[str, Path]) 
         engine.model(batch.input_ids, batch.positions, engine.ctx)
     assert (real == SENTINEL).all()
     assert not (engine.kv_cache.buffer[:, :, engine.kv_cache.dummy_page] == 0).all()
+    engine.shutdown()
+
+
+def _everything_back(driver: StaticDriver) -> None:
+    allocator = driver.allocator
+    assert allocator.reserved == 0, f"{allocator.reserved} pages still reserved with nothing running"
+    assert sorted(allocator.free) == list(range(allocator.total)), "pages missing from the free list"
+    assert sorted(driver.free_rows) == list(range(driver.engine.config.max_running_req)), "page-table rows missing"
+
+
+def test_every_finish_path_gives_back_its_pages_reservation_and_row(tiny_models: dict[str, Path]) -> None:
+    """Abort before and after prefill (part of the reservation unmapped), EOS and length: all of it comes back."""
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=2, num_page_override=32, max_running_req=2))
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    [ref] = StaticDriver(engine).generate([[5, 6, 7]], greedy)
+    stop = ref.output_ids[1]
+    assert stop != ref.output_ids[0]  # so the request below stops on its second token
+    driver = StaticDriver(engine, PageLayout("shuffled", 1), eos_token_ids=[stop])
+    driver.abort(driver.add([1, 2, 3, 4, 5], greedy))  # before its prefill: nothing of it mapped
+    _everything_back(driver)
+    eos = driver.add([5, 6, 7], replace(greedy, ignore_eos=False))
+    late = driver.add([9, 8, 7, 6], greedy)
+    driver.step()  # both prefilled; the pages of their new tokens are still unmapped
+    driver.abort(late)
+    driver.run()
+    assert (driver.result(eos).finish_reason, driver.result(eos).output_ids) == ("eos", ref.output_ids[:2])
+    _everything_back(driver)
+    [length] = driver.generate([[9, 8]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert length.finish_reason == "length"
+    _everything_back(driver)
     engine.shutdown()
 
 

@@ -47,6 +47,7 @@ _KV_ISOLATION = "properties/test_kv_isolation.py"
 _STEP_OUTPUTS = "properties/test_step_outputs.py"
 _SAMPLER_TESTS = "tests/test_sampler.py"
 _KV_TESTS = "tests/test_kvcache.py"
+_FINISH_PATHS = f"{_KV_TESTS}::test_every_finish_path_gives_back_its_pages_reservation_and_row"
 _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
 
 MUTANTS: dict[str, Mutant] = {
@@ -170,8 +171,8 @@ MUTANTS: dict[str, Mutant] = {
             "an aborted request returns its mapped pages but never the unmapped rest of its reservation",
             "vllm-project/vllm#46283, sgl-project/sglang#21652 (KV blocks of aborted requests never freed)",
             c.pages_leak_on_abort,
-            (_SCHEDULER,),
-            (_SCHEDULER,),
+            (_SCHEDULER, _KV_TESTS),
+            (_FINISH_PATHS,),
         ),
         Mutant(
             "pages_leak_on_eos",
@@ -179,8 +180,8 @@ MUTANTS: dict[str, Mutant] = {
             "kekzl/imp#1115 (one KV block per request never returned), sgl-project/sglang-jax#982 (finish path "
             "frees the wrong KV slots)",
             c.pages_leak_on_eos,
-            (_SCHEDULER,),
-            (_SCHEDULER,),
+            (_SCHEDULER, _KV_TESTS),
+            (_FINISH_PATHS,),
         ),
         Mutant(
             "kv_write_spills_single_token",
