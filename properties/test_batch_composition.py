@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from engine.driver import PageLayout, StaticDriver
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
+from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.strategies import batches, requests, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
@@ -50,15 +51,18 @@ def test_tokens_do_not_depend_on_batch_mates(
     driver = StaticDriver(engine, PageLayout(), record_logits=True)
     schedule = sorted([(j, i) for i, j in enumerate(joins)] + [(0, -1)])  # (join step, mate index; -1 = target)
     target_uid, step = -1, min(j for j, _ in schedule)
+    shared = False  # did a forward pass compute the target together with a mate (every request here yields a token)?
     while schedule or driver.running:
         while schedule and schedule[0][0] <= step:
             _, who = schedule.pop(0)
             spec = target if who < 0 else mates[who]
             uid = driver.add(spec.prompt, spec.params, spec.chunk_sizes)
             target_uid = uid if who < 0 else target_uid
-        driver.step()
+        produced = driver.step()
+        shared |= target_uid in produced and len(produced) > 1
         step += 1
     batched = driver.result(target_uid)
+    exercised("the target shares a forward pass with a batch-mate", shared, floor=0.9)
 
     tol = logit_tolerance(engine.dtype)
     result = compare_greedy(batched.output_ids, batched.logits, solo.output_ids, solo.logits, tol)

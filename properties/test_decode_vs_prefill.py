@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
+from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import batches, layouts, sampling_params, seeds
@@ -35,6 +36,9 @@ def test_decode_matches_teacher_forced_prefill(
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(2, 16))
     specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params), label="requests")
+    exercised("a decode step reads KV an earlier decode step wrote", any(s.params.max_tokens > 2 for s in specs), 0.9)
+    lengths = {len(s.prompt) for s in specs}
+    exercised("requests of different lengths decode in one batch", len(lengths) > 1, floor=0.6)
     engine = engines.get(tiny_models[arch], layout.page_size)
     gens = run_requests(engine, specs, layout, sampler_seed=data.draw(seeds, label="sampler_seed"))
     tol = logit_tolerance(engine.dtype)

@@ -36,6 +36,7 @@ from engine import (
 from engine.driver import StaticDriver
 from oracle.budget import examples
 from oracle.checks import compare_greedy
+from oracle.coverage import exercised
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.strategies import layouts, prefix_splits, prompts, sampling_params
@@ -160,6 +161,8 @@ def _state(driver: StaticDriver) -> tuple[Any, ...]:
 
 
 def _rejects(driver: StaticDriver, error: type[EngineError], call: Callable[[], object], needle: str = "") -> None:
+    live = any(s.req.cached_len > 0 for s in driver.running.values())
+    exercised("a rejected call meets live KV (a running request with cached tokens)", live, floor=0.8)
     before = _state(driver)
     try:
         call()
@@ -186,8 +189,10 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
     cached = 0
     free = list(driver.free_rows)
     decoding = [s for s in driver.running.values() if s.output_ids]
-    if kind == "bad slot" and not free or kind == "new token over live KV" and not (free and decoding):
-        kind = "row out of range"
+    if kind in ("bad slot", "new token over live KV"):
+        runs = bool(free) if kind == "bad slot" else bool(free and decoding)
+        exercised("a batch aimed at a free row or live KV finds one (else: row out of range)", runs, floor=0.5)
+        kind = kind if runs else "row out of range"
     if kind == "row out of range":
         row = rnd.choice([ROWS, -1, 10**6])  # ROWS is the dummy row
     elif kind == "token out of vocab":
@@ -291,6 +296,7 @@ def test_invalid_calls_are_rejected_and_change_nothing(
     # A few valid requests are prefilled first, so most invalid calls meet live KV; then anything goes.
     first = data.draw(st.lists(add_operations(page_size), min_size=1, max_size=ROWS), label="first requests")
     ops = data.draw(st.lists(operations(page_size), min_size=2, max_size=16), label="operations")
+    exercised("the example makes an invalid call", any(op[0] not in ("add", "step", "abort") for op in ops), 0.9)
     driver = StaticDriver(engine, layout.layout, record_logits=True)
     added: dict[int, tuple[list[int], int]] = {}
     for op in [*first, ("step",), *ops]:

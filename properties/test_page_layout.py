@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.budget import examples
-from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
+from oracle.coverage import exercised
+from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_placed
 from oracle.strategies import batches, layouts, sampling_params, seeds
 
 
@@ -38,11 +39,13 @@ def test_logits_do_not_depend_on_page_layout(
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(1, 10))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, first.page_size, params, split=True), label="requests")
     sampler_seed = data.draw(seeds, label="sampler_seed")
-    runs = [
-        run_requests(engines.get(tiny_models[arch], layout.page_size), specs, layout, sampler_seed)
+    (gens_a, slots_a), (gens_b, slots_b) = (
+        run_placed(engines.get(tiny_models[arch], layout.page_size), specs, layout, sampler_seed)
         for layout in (first, second)
-    ]
-    for i, (a, b) in enumerate(zip(*runs)):
+    )
+    moved = (first.page_size, slots_a) != (second.page_size, slots_b)
+    exercised("the second layout places the KV on other pages than the first", moved, floor=0.9)
+    for i, (a, b) in enumerate(zip(gens_a, gens_b)):
         assert a.output_ids == b.output_ids, f"request {i}: tokens differ: {a.output_ids} vs {b.output_ids}"
         for step, (row_a, row_b) in enumerate(zip(a.logits, b.logits)):
             assert torch.equal(row_a, row_b), (

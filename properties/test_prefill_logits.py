@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
+from oracle.coverage import exercised
 from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import RequestSpec, batches, sampling_params
@@ -34,6 +35,8 @@ from oracle.tolerance import logit_tolerance, logits_error
 
 def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec], same_dtype: HFOracle | None = None) -> None:
     """same_dtype: HF at the engine's dtype, whose own error against ref is allowed on top of the tolerance."""
+    several = len(specs) > 1 and max(len(s.prompt) for s in specs) > 1
+    exercised("a prefill batch of several requests, one with 2+ prompt tokens", several, floor=0.8)
     tol = logit_tolerance(engine.dtype)
     for i, (spec, gen) in enumerate(zip(specs, run_requests(engine, specs))):
         expected = ref.prefill_logits(spec.prompt)
