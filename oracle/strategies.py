@@ -102,16 +102,17 @@ def sampling_params(
 # ---- prompts and batches ---------------------------------------------------------------------------------------
 
 
-def prompt_lengths(max_len: int, page_size: int = 1) -> st.SearchStrategy[int]:
-    """1..max_len, with page boundaries (k·page_size - 1, k·page_size, k·page_size + 1) as explicit edges."""
+def prompt_lengths(max_len: int, page_size: int = 1, min_len: int = 1) -> st.SearchStrategy[int]:
+    """min_len..max_len, with page boundaries (k·page_size - 1, k·page_size, k·page_size + 1) as explicit edges."""
     edges = sorted({n for k in range(1, max_len // page_size + 2) for n in (k * page_size + d for d in (-1, 0, 1))})
-    edges = [n for n in edges if 1 <= n <= max_len]
-    return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
+    edges = [n for n in edges if min_len <= n <= max_len]
+    lengths = st.integers(min_len, max_len)
+    return st.one_of(st.sampled_from(edges), lengths) if edges else lengths
 
 
 @st.composite
-def prompts(draw: st.DrawFn, vocab_size: int, max_len: int, page_size: int = 1) -> list[int]:
-    n = draw(prompt_lengths(max_len, page_size))
+def prompts(draw: st.DrawFn, vocab_size: int, max_len: int, page_size: int = 1, min_len: int = 1) -> list[int]:
+    n = draw(prompt_lengths(max_len, page_size, min_len))
     return draw(st.lists(st.integers(0, vocab_size - 1), min_size=n, max_size=n))
 
 
@@ -146,8 +147,8 @@ def requests(
     min_chunks: int = 1,
 ) -> RequestSpec:
     """A request; params default to greedy with 1..8 new tokens; split=True draws a chunked prefill of at least
-    min_chunks pieces where the prompt allows."""
-    prompt = draw(prompts(vocab_size, max_prompt_len, page_size))
+    min_chunks pieces (the prompt is then at least min_chunks tokens long)."""
+    prompt = draw(prompts(vocab_size, max_prompt_len, page_size, min_chunks if split else 1))
     p = draw(params if params is not None else sampling_params(vocab_size, greedy=True))
     chunks = draw(prefix_splits(len(prompt), min_chunks=min_chunks)) if split else ()
     return RequestSpec(tuple(prompt), p, chunks)

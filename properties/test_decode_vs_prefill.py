@@ -12,7 +12,7 @@ prefill: KV read back from the cache is bit-for-bit what was written, so decodin
 Bug classes: decode positions or KV lengths off by one (rope_off_by_one, decode_kv_len_off_by_one), a batched decode
 of requests of different lengths without the key mask, so the shorter ones attend to padding (decode_keys_unmasked).
 Vacuity floors: every example decodes 2+ requests for 2+ steps (90%: a decode step reads KV an earlier decode step
-wrote), and in 80% of examples their lengths differ.
+wrote), and in 60% of examples their lengths differ (equal lengths, the unmasked path, keep the rest).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_decode_matches_teacher_forced_prefill(
     specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params, min_size=2), label="requests")
     exercised("a decode step reads KV an earlier decode step wrote", any(s.params.max_tokens > 2 for s in specs), 0.9)
     lengths = {len(s.prompt) for s in specs}
-    exercised("requests of different lengths decode in one batch", len(lengths) > 1, floor=0.8)
+    exercised("requests of different lengths decode in one batch", len(lengths) > 1, floor=0.6)
     engine = engines.get(tiny_models[arch], layout.page_size)
     gens = run_requests(engine, specs, layout, sampler_seed=data.draw(seeds, label="sampler_seed"))
     tol = logit_tolerance(engine.dtype)

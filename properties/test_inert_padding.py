@@ -13,6 +13,10 @@ pads with engine.dummy_req exactly as on CUDA; forward_batch then runs the padde
 * Real rows inert for the dummy page: the dummy page is filled with sentinels and survives real prefill and decode
   steps untouched.
 * The dummy row's slots all lie in the dummy page, which lies beyond every real page.
+
+Bug classes: padding that reads or writes a real request's KV (a dummy page the allocator also hands out,
+dummy_page_overlap; padded rows writing to slot 0, pad_slot_zero). Vacuity floor: every example's decode batch is
+padded (90% at least).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ paged kernel (FlashInfer) may tile its work by page, so on such a target both la
 the page order and churn differ; page sizes against HF are the other properties' job.
 
 Vacuity floor: in at least 90% of examples the two runs place the KV differently (another page size, or other
-slots for some request); the second layout is shuffled or interleaved, since two contiguous runs often coincide.
+slots for some request); the second layout is shuffled, since a contiguous or interleaved one often coincides.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def test_logits_do_not_depend_on_page_layout(
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
     first = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout_a")
     across_sizes = engines.target.attention == "torch"
-    # The second run's pages are shuffled or interleaved: a second contiguous run would often repeat the first.
+    # The second run's pages are shuffled: a contiguous or interleaved one often repeats the first run's slots.
     sizes = engines.target.page_sizes if across_sizes else (first.page_size,)
-    second = data.draw(layouts(TINY_VOCAB, sizes, kinds=("shuffled", "interleaved")), label="layout_b")
+    second = data.draw(layouts(TINY_VOCAB, sizes, kinds=("shuffled",)), label="layout_b")
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(1, 10))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, first.page_size, params, split=True), label="requests")
     sampler_seed = data.draw(seeds, label="sampler_seed")

@@ -183,6 +183,15 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _BATCH, _GREEDY),
             (_DECODE,),
         ),
+        Mutant(
+            "pad_slot_zero",
+            "the dummy rows padding a decode batch write their K/V to slot 0, a real request's, not the dummy page",
+            "vllm-project/vllm#43810 (CUDA-graph padding's slot id wrote into a live KV slot), "
+            "sgl-project/sglang#32477 (padding rows' KV writes aimed at slot 0)",
+            c.pad_slot_zero,
+            (_PADDING,),
+            (_PADDING,),
+        ),
     )
 }
 

@@ -26,6 +26,7 @@ from engine.engine import Engine
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import BatchSamplingArgs, Sampler
+from engine.validate import BatchLayout
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -228,6 +229,7 @@ def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
 # ---- batch composition, chunked prefill and batched decode (issue #11) ------------------------------------------
 
 _ORIGINAL_DECODE = TorchAttnBackend._decode
+_ORIGINAL_PREPARE_PADDED = Engine._prepare_batch
 
 
 def _prepare_batch_extend_positions_from_zero(self: Engine, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, Any]:
@@ -256,6 +258,18 @@ def _decode_keys_unmasked(
     return _ORIGINAL_DECODE(q, meta, k_slots, v_slots, gqa)
 
 
+def _prepare_batch_pad_slot_zero(
+    self: Engine, reqs: Sequence[Req], phase: Phase, layout: BatchLayout
+) -> tuple[Batch, Any]:
+    """The dummy rows that pad a decode batch write their K/V to slot 0 (a convention of engines that reserve slot 0
+    for padding) instead of the dummy page; here slot 0 is a real request's."""
+    batch, args = _ORIGINAL_PREPARE_PADDED(self, reqs, phase, layout)
+    pad = batch.padded_size - batch.size
+    if pad:
+        batch.out_loc = torch.cat([batch.out_loc[: batch.size], torch.zeros_like(batch.out_loc[batch.size :])])
+    return batch, args
+
+
 def extend_positions_restart() -> contextlib.AbstractContextManager[None]:
     return _swap(Engine, "prepare_batch", _prepare_batch_extend_positions_from_zero)
 
@@ -266,3 +280,7 @@ def batch_rows_sorted_by_length() -> contextlib.AbstractContextManager[None]:
 
 def decode_keys_unmasked() -> contextlib.AbstractContextManager[None]:
     return _swap(TorchAttnBackend, "_decode", staticmethod(_decode_keys_unmasked))
+
+
+def pad_slot_zero() -> contextlib.AbstractContextManager[None]:
+    return _swap(Engine, "_prepare_batch", _prepare_batch_pad_slot_zero)
