@@ -6,6 +6,10 @@ bad chunkings, unknown uids, and hand-built batches through prepare_batch/forwar
 lengths, phases, page-table slots, or a new token aimed at a live request's cached KV). The pool is small, so
 valid requests also hit CapacityError.
 
+Vacuity floors: 75% of the rejected calls meet live KV (a running request with cached tokens: the first invalid
+call follows the prefill of 1-2 requests that are still decoding), and 60% of the batches aimed at a free row or at
+a live request's KV find one (else they fall back to an out-of-range row).
+
 Checks:
 * every invalid call raises the expected EngineError subclass, never anything else (no IndexError from torch);
   a SamplingParams error names the offending field;
@@ -161,7 +165,7 @@ def _state(driver: StaticDriver) -> tuple[Any, ...]:
 
 def _rejects(driver: StaticDriver, error: type[EngineError], call: Callable[[], object], needle: str = "") -> None:
     live = any(s.req.cached_len > 0 for s in driver.running.values())
-    exercised("a rejected call meets live KV (a running request with cached tokens)", live, floor=0.8)
+    exercised("a rejected call meets live KV (a running request with cached tokens)", live, floor=0.75)
     before = _state(driver)
     try:
         call()
@@ -190,7 +194,7 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
     decoding = [s for s in driver.running.values() if s.output_ids]
     if kind in ("bad slot", "new token over live KV"):
         runs = bool(free) if kind == "bad slot" else bool(free and decoding)
-        exercised("a batch aimed at a free row or live KV finds one (else: row out of range)", runs, floor=0.8)
+        exercised("a batch aimed at a free row or live KV finds one (else: row out of range)", runs, floor=0.6)
         kind = kind if runs else "row out of range"
     if kind == "row out of range":
         row = rnd.choice([ROWS, -1, 10**6])  # ROWS is the dummy row

@@ -6,6 +6,8 @@ directory; the engine runs float32 on CPU, batched, under random page layouts.
 Tolerance: identical tokens. At a genuine near-tie (the reference's top-2 logits within twice the float32 logit
 bound of oracle.tolerance, i.e. closer than fp32 rounding can resolve) vLLM's rule applies: at the first mismatch
 each side's token must be in the other's top-2, and the comparison stops there.
+
+Vacuity floor: 90% of examples compare some request's decode steps (2+ tokens) with HF; one token is prefill's job.
 """
 
 from __future__ import annotations
