@@ -12,7 +12,8 @@ against its float64 logits). That matters for MoE: the top-k expert choice is di
 below bf16 resolution sends a token to other experts, in HF bf16 exactly as in the engine (measured on the tiny
 MoE: both 3.95 off the float64 logits, against ~0.1 for a dense model). Float32 gets no such allowance.
 
-Bug classes: a batch's rows returned to the wrong requests (batch_rows_sorted_by_length), a wrong last-token gather.
+Bug classes: a batch's rows returned to the wrong requests (batch_rows_sorted_by_length), a last-token gather off by
+one that a lone prompt cannot show (last_token_gather_off_by_one).
 Vacuity floor: 80% of examples prefill several prompts, one of 2+ tokens (judged from 10 examples: `ci` judges the
 tiny models, `deep` SmolLM2 too).
 """

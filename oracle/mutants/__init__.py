@@ -192,6 +192,16 @@ MUTANTS: dict[str, Mutant] = {
             (_PADDING,),
             (_PADDING,),
         ),
+        Mutant(
+            "last_token_gather_off_by_one",
+            "the logits row of each request is gathered at its query end instead of its last token: in a batch of "
+            "several, every request but the last gets the next request's first-token logits",
+            "abetlen/llama-cpp-python#1179 (sample index off by one: logits read from the wrong row), "
+            "PaddlePaddle/FastDeploy#5903 (last-token index into a mixed batch's outputs computed wrongly)",
+            c.last_token_gather_off_by_one,
+            (_PREFILL, _BATCH, _DECODE, _GREEDY),
+            (_PREFILL,),
+        ),
     )
 }
 

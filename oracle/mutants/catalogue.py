@@ -270,6 +270,15 @@ def _prepare_batch_pad_slot_zero(
     return batch, args
 
 
+def _prepare_metadata_gather_past_end(self: TorchAttnBackend, batch: Batch) -> None:
+    """The last-token index of each request is its query end (cu_seqlens[1:]) instead of end - 1, clamped to the
+    batch: every request but the last reads the next request's first token; a lone request is unaffected."""
+    _ORIGINAL_PREPARE_METADATA(self, batch)
+    meta = batch.attn_metadata
+    if isinstance(meta, torch_backend.TorchAttnMetadata):
+        meta.last_indices = (meta.last_indices + 1).clamp(max=meta.q_ranges[-1][1] - 1)
+
+
 def extend_positions_restart() -> contextlib.AbstractContextManager[None]:
     return _swap(Engine, "prepare_batch", _prepare_batch_extend_positions_from_zero)
 
@@ -284,3 +293,7 @@ def decode_keys_unmasked() -> contextlib.AbstractContextManager[None]:
 
 def pad_slot_zero() -> contextlib.AbstractContextManager[None]:
     return _swap(Engine, "_prepare_batch", _prepare_batch_pad_slot_zero)
+
+
+def last_token_gather_off_by_one() -> contextlib.AbstractContextManager[None]:
+    return _swap(TorchAttnBackend, "prepare_metadata", _prepare_metadata_gather_past_end)
