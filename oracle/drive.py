@@ -32,6 +32,7 @@ __all__ = [
     "place",
     "row_slots",
     "run_churn",
+    "run_placed",
     "run_requests",
 ]
 
@@ -127,6 +128,20 @@ def run_requests(
 
     The engine's generator is reseeded first, so unseeded sampled requests replay too.
     """
+    return run_placed(engine, specs, layout, sampler_seed, max_prefill_tokens)[0]
+
+
+def run_placed(
+    engine: Engine,
+    specs: Sequence[RequestSpec],
+    layout: LayoutSpec | None = None,
+    sampler_seed: int = 0,
+    max_prefill_tokens: int | None = None,
+) -> tuple[list[Generation], list[tuple[int, ...]]]:
+    """run_requests, plus the KV slot of every position each request computed (its placement), in spec order.
+
+    The rows are read after the run: no request is added after the real ones, so none of their rows is reused.
+    """
     if layout is not None and layout.page_size != engine.config.page_size:
         raise ValueError(f"layout page_size {layout.page_size} != engine page_size {engine.config.page_size}")
     engine.sampler.reseed(sampler_seed)
@@ -137,7 +152,11 @@ def run_requests(
         run_churn(driver, layout.churn)
     uids = [driver.add(s.prompt, s.params, s.chunk_sizes) for s in specs]
     driver.run()
-    return [driver.result(uid) for uid in uids]
+    gens = [driver.result(uid) for uid in uids]
+    rows = [driver.finished[uid].req.table_idx for uid in uids]
+    computed = [len(g.prompt_ids) + len(g.output_ids) - 1 for g in gens]  # the last token is never fed back
+    slots = [tuple(engine.page_table[row, :n].tolist()) for row, n in zip(rows, computed)]
+    return gens, slots
 
 
 def place(engine: Engine, tokens: Sequence[int], cached_len: int, row: int, params: SamplingParams) -> Req:

@@ -11,7 +11,7 @@ still hits them:
 * prompt lengths k·page_size - 1, k·page_size, k·page_size + 1;
 * page_size {1, 2, 4, 8, 16}; contiguous, shuffled and interleaved pages; pages freed by earlier requests (finished
   or aborted) and reused;
-* prefill split into 1..4 chunks;
+* prefill split into 1..4 chunks (or at least 2, where a property is about extends);
 * logits rows without ties (default) or with many exact ties.
 """
 
@@ -108,23 +108,26 @@ def sampling_params(
 # ---- prompts and batches ---------------------------------------------------------------------------------------
 
 
-def prompt_lengths(max_len: int, page_size: int = 1) -> st.SearchStrategy[int]:
-    """1..max_len, with page boundaries (k·page_size - 1, k·page_size, k·page_size + 1) as explicit edges."""
+def prompt_lengths(max_len: int, page_size: int = 1, min_len: int = 1) -> st.SearchStrategy[int]:
+    """min_len..max_len, with page boundaries (k·page_size - 1, k·page_size, k·page_size + 1) as explicit edges."""
     edges = sorted({n for k in range(1, max_len // page_size + 2) for n in (k * page_size + d for d in (-1, 0, 1))})
-    edges = [n for n in edges if 1 <= n <= max_len]
-    return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
+    edges = [n for n in edges if min_len <= n <= max_len]
+    lengths = st.integers(min_len, max_len)
+    return st.one_of(st.sampled_from(edges), lengths) if edges else lengths
 
 
 @st.composite
-def prompts(draw: st.DrawFn, vocab_size: int, max_len: int, page_size: int = 1) -> list[int]:
-    n = draw(prompt_lengths(max_len, page_size))
+def prompts(draw: st.DrawFn, vocab_size: int, max_len: int, page_size: int = 1, min_len: int = 1) -> list[int]:
+    n = draw(prompt_lengths(max_len, page_size, min_len))
     return draw(st.lists(st.integers(0, vocab_size - 1), min_size=n, max_size=n))
 
 
 @st.composite
-def prefix_splits(draw: st.DrawFn, length: int, max_chunks: int = 4) -> tuple[int, ...]:
-    """Chunk sizes for prefilling a `length`-token prompt in 1..max_chunks pieces (StaticDriver.add chunk_sizes)."""
-    k = draw(st.integers(1, min(max_chunks, length)))
+def prefix_splits(draw: st.DrawFn, length: int, max_chunks: int = 4, min_chunks: int = 1) -> tuple[int, ...]:
+    """Chunk sizes for prefilling a `length`-token prompt in min_chunks..max_chunks pieces (fewer if the prompt is
+    shorter; StaticDriver.add chunk_sizes)."""
+    most = min(max_chunks, length)
+    k = draw(st.integers(min(min_chunks, most), most))
     cuts = draw(st.lists(st.integers(1, length - 1), min_size=k - 1, max_size=k - 1, unique=True)) if k > 1 else []
     bounds = [0, *sorted(cuts), length]
     return tuple(b - a for a, b in zip(bounds, bounds[1:]))
@@ -147,11 +150,13 @@ def requests(
     page_size: int = 1,
     params: st.SearchStrategy[SamplingParams] | None = None,
     split: bool = False,
+    min_chunks: int = 1,
 ) -> RequestSpec:
-    """A request; params default to greedy with 1..8 new tokens; split=True draws a chunked prefill."""
-    prompt = draw(prompts(vocab_size, max_prompt_len, page_size))
+    """A request; params default to greedy with 1..8 new tokens; split=True draws a chunked prefill of at least
+    min_chunks pieces (the prompt is then at least min_chunks tokens long)."""
+    prompt = draw(prompts(vocab_size, max_prompt_len, page_size, min_chunks if split else 1))
     p = draw(params if params is not None else sampling_params(vocab_size, greedy=True))
-    chunks = draw(prefix_splits(len(prompt))) if split else ()
+    chunks = draw(prefix_splits(len(prompt), min_chunks=min_chunks)) if split else ()
     return RequestSpec(tuple(prompt), p, chunks)
 
 
@@ -163,10 +168,11 @@ def batches(
     params: st.SearchStrategy[SamplingParams] | None = None,
     split: bool = False,
     min_size: int = 1,
+    min_chunks: int = 1,
 ) -> st.SearchStrategy[list[RequestSpec]]:
     """min_size..max_size requests (at most the engine's max_running_req). Decode steps = max_tokens - 1 each."""
     return st.lists(
-        requests(vocab_size, max_prompt_len, page_size, params, split), min_size=min_size, max_size=max_size
+        requests(vocab_size, max_prompt_len, page_size, params, split, min_chunks), min_size=min_size, max_size=max_size
     )
 
 
@@ -194,9 +200,10 @@ def layouts(
     page_sizes: Sequence[int] = PAGE_SIZES,
     max_churn: int = 3,
     max_churn_len: int = 24,
+    kinds: Sequence[LayoutKind] = get_args(LayoutKind),
 ) -> LayoutSpec:
     page_size = draw(st.sampled_from(page_sizes))
-    kind = draw(st.sampled_from(get_args(LayoutKind)))
+    kind = draw(st.sampled_from(kinds))
     layout = PageLayout(kind=kind, seed=draw(seeds) if kind == "shuffled" else 0)
     churn = draw(
         st.lists(

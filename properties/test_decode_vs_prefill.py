@@ -8,6 +8,11 @@ prefill computes.
 
 Tolerance: the float32 logit bound of oracle.tolerance (rel 5e-5 of the row's largest |logit|), the same as for
 prefill: KV read back from the cache is bit-for-bit what was written, so decoding adds no error of its own.
+
+Bug classes: decode positions or KV lengths off by one (rope_off_by_one, decode_kv_len_off_by_one), a batched decode
+of requests of different lengths without the key mask, so the shorter ones attend to padding (decode_keys_unmasked).
+Vacuity floors: every example decodes 2+ requests for 2+ steps (90%: a decode step reads KV an earlier decode step
+wrote), and in 60% of examples their lengths differ (equal lengths, the unmasked path, keep the rest).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
+from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import batches, layouts, sampling_params, seeds
@@ -33,8 +39,12 @@ def test_decode_matches_teacher_forced_prefill(
 ) -> None:
     arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
-    params = sampling_params(TINY_VOCAB, max_tokens=st.integers(2, 16))
-    specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params), label="requests")
+    # 2+ requests with 2+ decode steps each: decode reads KV of earlier decode steps, in batches of mixed lengths.
+    params = sampling_params(TINY_VOCAB, max_tokens=st.integers(3, 16))
+    specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params, min_size=2), label="requests")
+    exercised("a decode step reads KV an earlier decode step wrote", any(s.params.max_tokens > 2 for s in specs), 0.9)
+    lengths = {len(s.prompt) for s in specs}
+    exercised("requests of different lengths decode in one batch", len(lengths) > 1, floor=0.6)
     engine = engines.get(tiny_models[arch], layout.page_size)
     gens = run_requests(engine, specs, layout, sampler_seed=data.draw(seeds, label="sampler_seed"))
     tol = logit_tolerance(engine.dtype)

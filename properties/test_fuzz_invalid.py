@@ -6,6 +6,10 @@ bad chunkings, unknown uids, and hand-built batches through prepare_batch/forwar
 lengths, phases, page-table slots, or a new token aimed at a live request's cached KV). The pool is small, so
 valid requests also hit CapacityError.
 
+Vacuity floors: 75% of the rejected calls meet live KV (a running request with cached tokens: the first invalid
+call follows the prefill of 1-2 requests that are still decoding), and 60% of the batches aimed at a free row or at
+a live request's KV find one (else they fall back to an out-of-range row).
+
 Checks:
 * every invalid call raises the expected EngineError subclass, never anything else (no IndexError from torch);
   a SamplingParams error names the offending field;
@@ -18,7 +22,7 @@ Checks:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ from engine import (
 from engine.driver import StaticDriver
 from oracle.budget import examples
 from oracle.checks import compare_greedy
+from oracle.coverage import exercised
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.strategies import layouts, prefix_splits, prompts, sampling_params
@@ -113,21 +118,20 @@ BATCH_KINDS = (
 
 
 @st.composite
-def add_operations(draw: st.DrawFn, page_size: int) -> Op:
+def add_operations(draw: st.DrawFn, page_size: int, min_tokens: int = 1) -> Op:
     prompt = draw(prompts(TINY_VOCAB, 20, page_size))
-    params = draw(sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 8)))
+    params = draw(sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(min_tokens, 8)))
     chunks = draw(st.one_of(st.just(()), prefix_splits(len(prompt))))
     return ("add", prompt, params, chunks)
 
 
+INVALID_KINDS = ("bad params", "bad prompt", "too long", "bad chunks", "unknown uid", *["bad batch"] * 3)
+OPERATION_KINDS = ("add", "add", "step", "step", "abort", *INVALID_KINDS)
+
+
 @st.composite
-def operations(draw: st.DrawFn, page_size: int) -> Op:
-    kind = draw(
-        st.sampled_from(
-            ["add", "add", "step", "step", "abort", "bad params", "bad prompt", "too long", "bad chunks",
-             "unknown uid", "bad batch", "bad batch", "bad batch"]
-        )
-    )
+def operations(draw: st.DrawFn, page_size: int, kinds: Sequence[str] = OPERATION_KINDS) -> Op:
+    kind = draw(st.sampled_from(kinds))
     if kind == "add":
         return draw(add_operations(page_size))
     if kind == "abort":
@@ -160,6 +164,8 @@ def _state(driver: StaticDriver) -> tuple[Any, ...]:
 
 
 def _rejects(driver: StaticDriver, error: type[EngineError], call: Callable[[], object], needle: str = "") -> None:
+    live = any(s.req.cached_len > 0 for s in driver.running.values())
+    exercised("a rejected call meets live KV (a running request with cached tokens)", live, floor=0.75)
     before = _state(driver)
     try:
         call()
@@ -186,8 +192,10 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
     cached = 0
     free = list(driver.free_rows)
     decoding = [s for s in driver.running.values() if s.output_ids]
-    if kind == "bad slot" and not free or kind == "new token over live KV" and not (free and decoding):
-        kind = "row out of range"
+    if kind in ("bad slot", "new token over live KV"):
+        runs = bool(free) if kind == "bad slot" else bool(free and decoding)
+        exercised("a batch aimed at a free row or live KV finds one (else: row out of range)", runs, floor=0.6)
+        kind = kind if runs else "row out of range"
     if kind == "row out of range":
         row = rnd.choice([ROWS, -1, 10**6])  # ROWS is the dummy row
     elif kind == "token out of vocab":
@@ -288,9 +296,11 @@ def test_invalid_calls_are_rejected_and_change_nothing(
     layout = data.draw(layouts(TINY_VOCAB, page_sizes, max_churn=0), label="layout")
     page_size = layout.page_size
     engine = engines.get(tiny_models[arch], page_size, max_running_req=ROWS, num_pages=POOL_SLOTS // page_size)
-    # A few valid requests are prefilled first, so most invalid calls meet live KV; then anything goes.
-    first = data.draw(st.lists(add_operations(page_size), min_size=1, max_size=ROWS), label="first requests")
-    ops = data.draw(st.lists(operations(page_size), min_size=2, max_size=16), label="operations")
+    # A few valid requests are prefilled first, and still decode after that step, with a row left free, so the
+    # invalid call that follows (and most later ones) meets live KV; then anything goes.
+    first = data.draw(st.lists(add_operations(page_size, 2), min_size=1, max_size=ROWS - 1), label="first requests")
+    invalid = data.draw(operations(page_size, INVALID_KINDS), label="first invalid call")
+    ops = [invalid, *data.draw(st.lists(operations(page_size), min_size=1, max_size=15), label="operations")]
     driver = StaticDriver(engine, layout.layout, record_logits=True)
     added: dict[int, tuple[list[int], int]] = {}
     for op in [*first, ("step",), *ops]:

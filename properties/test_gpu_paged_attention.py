@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from engine.attention.flashinfer_backend import flashinfer_installed
 from oracle.budget import examples
+from oracle.coverage import exercised
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, run_requests
 from oracle.strategies import batches, layouts, sampling_params
 
@@ -71,7 +72,8 @@ def test_flashinfer_paged_attention_matches_hf(data: st.DataObject, gpu_engines:
     name = data.draw(st.sampled_from(MODELS), label="model")
     layout = data.draw(layouts(TINY_VOCAB, page_sizes=PAGE_SIZES), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
-    specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, greedy, split=True), label="requests")
+    specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, greedy, split=True, min_chunks=2), label="requests")
+    exercised("a prefill extends a cached prefix (cached_len > 0)", any(len(s.chunk_sizes) > 1 for s in specs), 0.8)
     model, engine = gpu_engines(name, layout.page_size)
     assert engine.attn_backend.name == "flashinfer" and engine.graph_runner.enabled
     for i, gen in enumerate(run_requests(engine, specs, layout)):

@@ -13,6 +13,10 @@ pads with engine.dummy_req exactly as on CUDA; forward_batch then runs the padde
 * Real rows inert for the dummy page: the dummy page is filled with sentinels and survives real prefill and decode
   steps untouched.
 * The dummy row's slots all lie in the dummy page, which lies beyond every real page.
+
+Bug classes: padding that reads or writes a real request's KV (a dummy page the allocator also hands out,
+dummy_page_overlap; padded rows writing to slot 0, pad_slot_zero). Vacuity floor: every example's decode batch is
+padded (90% at least).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from engine import Engine
 from engine.graph import GraphRunner
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
+from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, kv_slot_view, place
 from oracle.strategies import RequestSpec, batches, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
@@ -76,6 +81,7 @@ def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path],
     sizes = [b for b in runner.bs_list if b > len(specs)] if runner.enabled else range(len(specs) + 1, max_req + 1)
     pad_to = data.draw(st.sampled_from(list(sizes)), label="pad_to")
     seed = data.draw(seeds, label="sentinel_seed")
+    exercised("the decode batch is padded with dummy rows", pad_to > len(specs), floor=0.9)
     view = kv_slot_view(engine)
     dummy_slots = torch.arange(engine.num_pages * page_size, (engine.num_pages + 1) * page_size, device=view.device)
     assert engine.kv_cache.dummy_page == engine.num_pages

@@ -85,7 +85,9 @@ def test_a_step_writes_only_its_batch_slots(
     engine = engines.get(tiny_models[arch], layout.page_size)
     params = sampling_params(TINY_VOCAB, greedy=True, max_tokens=high_biased_integers(1, MAX_NEW_TOKENS))
     # Two or more requests: the law is about the KV of the others.
-    specs = data.draw(batches(TINY_VOCAB, MAX_REQUESTS, 40, layout.page_size, params, True, 2), label="requests")
+    specs = data.draw(
+        batches(TINY_VOCAB, MAX_REQUESTS, 40, layout.page_size, params, split=True, min_size=2), label="requests"
+    )
     later = st.lists(st.integers(1, LAST_ARRIVAL), min_size=len(specs) - 1, max_size=len(specs) - 1)
     arrivals = [0, *data.draw(later, label="arrivals")]
     # The first request outlives the others (it decodes at most once per step before they join): its last decode

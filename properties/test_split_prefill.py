@@ -8,6 +8,10 @@ step) must agree.
 Tolerance: the float32 logit bound of oracle.tolerance (rel 5e-5); the chunked run computes the earlier tokens' KV
 in smaller matmuls, which may round differently, so bitwise equality is reported as an event, not required.
 Greedy tokens must be identical up to a near-tie (vLLM rule).
+
+Bug classes: an extend computed at the wrong positions (a later chunk's RoPE positions restarting at 0, mutant
+extend_positions_restart) or with a shifted causal diagonal (causal_mask_off_by_one_extend). Vacuity floor: at least
+90% of examples extend a cached prefix (requests are cut into 2+ chunks where the prompt allows).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
+from oracle.coverage import exercised
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.strategies import RequestSpec, batches, layouts, sampling_params
 from oracle.tolerance import logit_tolerance
@@ -33,8 +38,11 @@ def test_split_prefill_matches_single_prefill(
     arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes, max_churn=1), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 6))
-    specs = data.draw(batches(TINY_VOCAB, 3, 48, layout.page_size, greedy, split=True), label="requests")
+    specs = data.draw(batches(TINY_VOCAB, 3, 48, layout.page_size, greedy, split=True, min_chunks=2), label="requests")
     budget = data.draw(st.none() | st.integers(1, 24), label="max_prefill_tokens")
+    # A prompt cut into chunks, or longer than the per-step budget, is prefilled over several steps.
+    extended = any(len(s.chunk_sizes) > 1 or (budget is not None and len(s.prompt) > budget) for s in specs)
+    exercised("a prefill extends a cached prefix (cached_len > 0)", extended, floor=0.9)
     engine = engines.get(tiny_models[arch], layout.page_size)
     split = run_requests(engine, specs, layout, max_prefill_tokens=budget)
     single = run_requests(engine, [RequestSpec(s.prompt, s.params) for s in specs])

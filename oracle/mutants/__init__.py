@@ -42,6 +42,7 @@ _DECODE = "properties/test_decode_vs_prefill.py"
 _SPLIT = "properties/test_split_prefill.py"
 _LAYOUT = "properties/test_page_layout.py"
 _PADDING = "properties/test_inert_padding.py"
+_PREFILL = "properties/test_prefill_logits.py"
 _SCHEDULER = "properties/test_scheduler_machine.py"
 _KV_ISOLATION = "properties/test_kv_isolation.py"
 _STEP_OUTPUTS = "properties/test_step_outputs.py"
@@ -155,6 +156,54 @@ MUTANTS: dict[str, Mutant] = {
             # RMSNorm of a bf16 engine must equal HF's bf16 module bit for bit.
             (_BF16_NORMS,),
             (_BF16_NORMS,),
+        ),
+        # ---- batch composition, chunked prefill and batched decode (issue #11) ----
+        Mutant(
+            "extend_positions_restart",
+            "a prefill chunk after the first (an extend) gets RoPE positions from 0 instead of from cached_len",
+            "huggingface/transformers#43082 (chunked prefill position_ids miss the cached positions), "
+            "nntrainer/nntrainer#3808 (prefill with from != 0 uses offset 0)",
+            c.extend_positions_restart,
+            (_SPLIT,),
+            (_SPLIT,),
+        ),
+        Mutant(
+            "batch_rows_sorted_by_length",
+            "a prefill batch is sorted longest first and its tokens and logits return in that order, so the "
+            "requests of a mixed-length batch get each other's rows",
+            "vllm-project/vllm#394 (outputs in another order than the inputs), vllm-project/vllm#14645 (batch "
+            "order inferred from another structure: tokens leaked between requests)",
+            c.batch_rows_sorted_by_length,
+            (_BATCH, _PREFILL, _GREEDY),
+            (_BATCH,),
+        ),
+        Mutant(
+            "decode_keys_unmasked",
+            "batched decode pads keys to the longest request without a key mask: shorter requests attend to padding",
+            "OpenNMT/OpenNMT-py#2532 (padding mask applied only at the first decoding step), turboderp/exllama#101 "
+            "(batches of unequal prompts attended to padding), sgl-project/sglang-jax#1297 (decode mask misaligned)",
+            c.decode_keys_unmasked,
+            (_DECODE, _BATCH, _GREEDY),
+            (_DECODE,),
+        ),
+        Mutant(
+            "pad_slot_zero",
+            "the dummy rows padding a decode batch write their K/V to slot 0, a real request's, not the dummy page",
+            "vllm-project/vllm#43810 (CUDA-graph padding's slot id wrote into a live KV slot), "
+            "sgl-project/sglang#32477 (padding rows' KV writes aimed at slot 0)",
+            c.pad_slot_zero,
+            (_PADDING,),
+            (_PADDING,),
+        ),
+        Mutant(
+            "last_token_gather_off_by_one",
+            "the logits row of each request is gathered at its query end instead of its last token: in a batch of "
+            "several, every request but the last gets the next request's first-token logits",
+            "abetlen/llama-cpp-python#1179 (sample index off by one: logits read from the wrong row), "
+            "PaddlePaddle/FastDeploy#5903 (last-token index into a mixed batch's outputs computed wrongly)",
+            c.last_token_gather_off_by_one,
+            (_PREFILL, _BATCH, _DECODE, _GREEDY),
+            (_PREFILL,),
         ),
         # ---- laws (issue #11 classes 2, 4, 5, 7): each killed by the property stating its law ----------------------
         Mutant(

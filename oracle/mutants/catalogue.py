@@ -30,6 +30,7 @@ from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import BatchSamplingArgs, Sampler
+from engine.validate import BatchLayout
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -286,6 +287,79 @@ def kv_wrong_slot_paged() -> contextlib.AbstractContextManager[None]:
 
 def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
     return _swap(KVCachePool, "dummy_page", property(_dummy_page_zero))
+
+
+# ---- batch composition, chunked prefill and batched decode (issue #11) ------------------------------------------
+
+_ORIGINAL_DECODE = TorchAttnBackend._decode
+_ORIGINAL_PREPARE_PADDED = Engine._prepare_batch
+
+
+def _prepare_batch_extend_positions_from_zero(self: Engine, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, Any]:
+    """A prefill chunk's RoPE positions restart at 0 instead of continuing at cached_len; its KV slots stay right."""
+    batch, args = _ORIGINAL_PREPARE_BATCH(self, reqs, phase)
+    if phase == "prefill":
+        cached = torch.tensor([r.cached_len for r in reqs])
+        lengths = torch.tensor([r.extend_len for r in reqs])
+        batch.positions = batch.positions - torch.repeat_interleave(cached, lengths).to(batch.positions.device)
+    return batch, args
+
+
+def _prepare_batch_sorted_by_length(self: Engine, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, Any]:
+    """A prefill batch is sorted longest first, and its rows come back in that order, not in the caller's."""
+    ordered = sorted(reqs, key=lambda r: -r.extend_len) if phase == "prefill" else reqs
+    return _ORIGINAL_PREPARE_BATCH(self, ordered, phase)
+
+
+def _decode_keys_unmasked(
+    q: torch.Tensor, meta: torch_backend.TorchAttnMetadata, k_slots: torch.Tensor, v_slots: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """Batched decode pads every request's keys to the longest one (with slot 0) but builds no key mask, so the
+    shorter requests also attend to the padding."""
+    if meta.decode_slots is None:
+        meta.decode_slots = torch.nn.utils.rnn.pad_sequence(meta.kv_slots, batch_first=True)
+    return _ORIGINAL_DECODE(q, meta, k_slots, v_slots, gqa)
+
+
+def _prepare_batch_pad_slot_zero(
+    self: Engine, reqs: Sequence[Req], phase: Phase, layout: BatchLayout
+) -> tuple[Batch, Any]:
+    """The dummy rows that pad a decode batch write their K/V to slot 0 (a convention of engines that reserve slot 0
+    for padding) instead of the dummy page; here slot 0 is a real request's."""
+    batch, args = _ORIGINAL_PREPARE_PADDED(self, reqs, phase, layout)
+    pad = batch.padded_size - batch.size
+    if pad:
+        batch.out_loc = torch.cat([batch.out_loc[: batch.size], torch.zeros_like(batch.out_loc[batch.size :])])
+    return batch, args
+
+
+def _prepare_metadata_gather_past_end(self: TorchAttnBackend, batch: Batch) -> None:
+    """The last-token index of each request is its query end (cu_seqlens[1:]) instead of end - 1, clamped to the
+    batch: every request but the last reads the next request's first token; a lone request is unaffected."""
+    _ORIGINAL_PREPARE_METADATA(self, batch)
+    meta = batch.attn_metadata
+    if isinstance(meta, torch_backend.TorchAttnMetadata):
+        meta.last_indices = (meta.last_indices + 1).clamp(max=meta.q_ranges[-1][1] - 1)
+
+
+def extend_positions_restart() -> contextlib.AbstractContextManager[None]:
+    return _swap(Engine, "prepare_batch", _prepare_batch_extend_positions_from_zero)
+
+
+def batch_rows_sorted_by_length() -> contextlib.AbstractContextManager[None]:
+    return _swap(Engine, "prepare_batch", _prepare_batch_sorted_by_length)
+
+
+def decode_keys_unmasked() -> contextlib.AbstractContextManager[None]:
+    return _swap(TorchAttnBackend, "_decode", staticmethod(_decode_keys_unmasked))
+
+
+def pad_slot_zero() -> contextlib.AbstractContextManager[None]:
+    return _swap(Engine, "_prepare_batch", _prepare_batch_pad_slot_zero)
+
+
+def last_token_gather_off_by_one() -> contextlib.AbstractContextManager[None]:
+    return _swap(TorchAttnBackend, "prepare_metadata", _prepare_metadata_gather_past_end)
 
 
 def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
