@@ -161,13 +161,18 @@ def check_forced_greedy(
 
 
 def check_sample_counts(
-    counts: torch.Tensor, logits_row: torch.Tensor, params: SamplingParams, alpha: float
+    counts: torch.Tensor,
+    logits_row: torch.Tensor,
+    params: SamplingParams,
+    alpha: float,
+    decides_on_probs: bool = False,
 ) -> list[str]:
     """Failures of tokens drawn (as per-token counts) from one logits row with params; [] if none.
 
-    Greedy rows (temperature 0 or top_k 1) must always take a maximal logit. Sampled rows must pass the support
-    check and the chi-square goodness-of-fit test against oracle.sampler's exact HF-order distribution, each at
-    level alpha; tokens whose keep/drop decision is ambiguous in fp32 are excluded from both.
+    Greedy rows (temperature 0) must always take a maximal logit. Sampled rows must pass the support check and the
+    chi-square goodness-of-fit test against oracle.sampler's exact HF-order distribution, each at level alpha; tokens
+    whose keep/drop decision is ambiguous in fp32 are excluded from both, and so are the probability ties a
+    sampler deciding on probabilities cannot split (decides_on_probs: FlashInfer's kernels drew the row).
     """
     n = int(counts.sum())
     if params.is_greedy:
@@ -175,11 +180,12 @@ def check_sample_counts(
         off = [int(t) for t in drawn if logits_row[t] != logits_row.max()]
         return [f"greedy row drew non-argmax tokens {off} (argmax {int(logits_row.argmax())})"] if off else []
     ref = reference_distribution(logits_row, params)
+    unclear = ref.unclear(decides_on_probs)
     failures = []
-    support = support_check(counts, ref.probs, n, alpha, ref.ambiguous)
+    support = support_check(counts, ref.probs, n, alpha, unclear)
     if not support.passed:
         failures.append(support.message())
-    chi = chi_square_gof(counts, ref.probs, alpha, exclude=ref.ambiguous)
+    chi = chi_square_gof(counts, ref.probs, alpha, exclude=unclear)
     if not chi.passed:
         failures.append(chi.message())
     return failures
