@@ -11,8 +11,9 @@ Batches mix, row by row: greedy rows; tie-free, tie-heavy (repeated levels, bf16
 wide (std 10..30, tails far below float32's resolution of 1 - mass) rows; top_k = 1 over tied maxima; tiny and huge
 temperatures; every combination of top-k, top-p and min-p (oracle.strategies.filter_params); filter-order cases for
 every pair of filters whose order changes the support (class 1, oracle.strategies.ORDER_PAIRS: temperature/top-p,
-temperature/min-p, top-k/top-p, top-p/min-p; temperature/top-k and top-k/min-p commute); and, in 7 of 8 batches, a
-wide row without top-p next to a row with top-p (class 3: a batch-mate's top-p must not truncate its tail).
+temperature/min-p, top-k/top-p, top-p/min-p; temperature/top-k and top-k/min-p commute); and, in every batch, a
+row with such a tail and without top-p next to a row with top-p (class 3: a batch-mate's top-p must not truncate
+that tail).
 
 Deterministic comparisons, so no α; examples(2.0) batches (50 under `ci`), CPU math only on the torch target.
 """
@@ -43,6 +44,15 @@ def wide_rows(draw: st.DrawFn, vocab_size: int) -> torch.Tensor:
 
 
 @st.composite
+def tail_rows(draw: st.DrawFn, vocab_size: int) -> torch.Tensor:
+    """Logits 0 down to -80 in even steps (jittered, shuffled): at temperatures 0.7..1.5 some token always lies
+    between float32's smallest normal and TAIL_RESOLUTION."""
+    gen = torch.Generator().manual_seed(draw(seeds))
+    ramp = -torch.linspace(0.0, 80.0, vocab_size) + torch.randn(vocab_size, generator=gen) * 0.5
+    return ramp[torch.randperm(vocab_size, generator=gen)]
+
+
+@st.composite
 def rows(draw: st.DrawFn, vocab_size: int) -> tuple[torch.Tensor, SamplingParams, bool]:
     """(row, params, is a filter-order case)."""
     kind = draw(st.sampled_from(("tie-free", "tie-heavy", "tie-heavy", "wide", "filter order", "filter order")))
@@ -56,10 +66,9 @@ def rows(draw: st.DrawFn, vocab_size: int) -> tuple[torch.Tensor, SamplingParams
 def batches(draw: st.DrawFn) -> tuple[torch.Tensor, list[SamplingParams], list[bool]]:
     vocab = draw(st.integers(4, 24), label="vocab")
     drawn = draw(st.lists(rows(vocab), min_size=1, max_size=MAX_ROWS), label="rows")
-    if draw(st.integers(0, 7), label="class 3 pair") > 0:
-        tail = SamplingParams(temperature=draw(st.sampled_from((0.7, 1.0, 1.5))), max_tokens=1, ignore_eos=True)
-        nucleus = SamplingParams(temperature=1.0, top_p=draw(st.sampled_from((0.5, 0.9))), max_tokens=1)
-        drawn += [(draw(wide_rows(vocab)), tail, False), (draw(logits_rows(vocab)), nucleus, False)]
+    tail = SamplingParams(temperature=draw(st.sampled_from((0.7, 1.0, 1.5))), max_tokens=1, ignore_eos=True)
+    nucleus = SamplingParams(temperature=1.0, top_p=draw(st.sampled_from((0.5, 0.9))), max_tokens=1)
+    drawn += [(draw(tail_rows(vocab)), tail, False), (draw(logits_rows(vocab)), nucleus, False)]
     order = draw(st.permutations(range(len(drawn))), label="order")
     return (
         torch.stack([drawn[i][0] for i in order]),
@@ -89,11 +98,11 @@ def test_filtered_distribution_is_the_reference(
     distributions = sampler.row_distributions(logits.to(sampler.device), args).cpu()
     refs = [reference_distribution(logits[r], p) for r, p in enumerate(params)]
     exercised(
-        "batch with a wide row without top-p next to a top-p row (class 3)",
+        "batch with a light-tailed row without top-p next to a top-p row (class 3)",
         any(_class3_exposed(logits[r], p, params) for r, p in enumerate(params)),
-        0.5,
+        0.8,
     )
-    exercised("batch with a filter-order case (class 1)", any(order_cases), 0.3)
+    exercised("batch with a filter-order case (class 1)", any(order_cases), 0.25)
     ties = any(bool(ref.prob_ties.any()) for ref, p in zip(refs, params) if p.temperature > 0)
     exercised("batch with a sampled row with tied float32 probabilities at a cut", ties, 0.25)
     for r, (p, ref) in enumerate(zip(params, refs)):
