@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine import SamplingParams
 from oracle.sampler import ReferenceDistribution, reference_distribution
-from oracle.stats import chi_square_gof, support_check
+from oracle.stats import MIN_EXPECTED, chi_square_gof, support_check
 from oracle.tolerance import LogitTolerance, logits_error
 
 
@@ -159,6 +159,28 @@ def check_forced_greedy(
     """The first of :func:`forced_greedy_mismatches`, as a message naming the tokens; None if they agree."""
     mismatches = forced_greedy_mismatches(tokens, ours_logits, ref_logits, tol)
     return f"{mismatches[0].message}; tokens {list(tokens)}" if mismatches else None
+
+
+def bucketed_tokens(
+    row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
+) -> int:
+    """Tokens of the reference distribution that get a chi-square bucket of their own with n draws: clear ones (see
+    ReferenceDistribution.unclear) with an expected count >= MIN_EXPECTED. Two or more leave at least two buckets."""
+    ref = reference_distribution(row, params)
+    clear = ~ref.unclear(decides_on_probs) & (ref.probs > 0)
+    return int((clear & (ref.probs * n >= MIN_EXPECTED)).sum())
+
+
+def testable_params(
+    row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
+) -> SamplingParams:
+    """params for a sampled row, relaxed until a chi-square on n draws from row has two buckets: min-p off, then
+    top-p, then top-k, then temperature 1 (edge values that leave one token are the exact checks' business)."""
+    for change in ({}, {"min_p": 0.0}, {"top_p": 1.0}, {"top_k": -1}, {"temperature": 1.0}):
+        params = replace(params, **change)
+        if params.is_greedy or bucketed_tokens(row, params, n, decides_on_probs) >= 2:
+            break
+    return params
 
 
 def check_sample_counts(
