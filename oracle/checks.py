@@ -171,7 +171,7 @@ def bucketed_tokens(
     return int((clear & (ref.probs * n >= MIN_EXPECTED)).sum())
 
 
-def testable_params(
+def relax_until_testable(
     row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
 ) -> SamplingParams:
     """params for a sampled row, relaxed until a chi-square on n draws from row has two buckets: min-p off, then

@@ -8,8 +8,8 @@ threshold (the reference's ambiguous mask, plus the probability ties FlashInfer 
 out of both. Greedy rows (temperature 0) must draw a maximal logit every time.
 
 Every sampled row must be testable: drawn filters that would leave fewer than two chi-square buckets are relaxed
-(oracle.checks.testable_params: min-p, then top-p, then top-k off, then temperature 1), and the property fails when
-fewer than 80% of its sampled rows have two buckets (oracle.coverage). Edge values that leave a single token are
+(oracle.checks.relax_until_testable: min-p, then top-p, then top-k off, then temperature 1), and the property fails
+when fewer than 80% of its sampled rows have two buckets (oracle.coverage). Edge values that leave a single token are
 checked exactly, token by token, by properties/test_sampling_exact.py.
 
 α: every check runs at oracle.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
@@ -53,7 +53,7 @@ from oracle.budget import (
     STAT_ALPHA,
     SYNTHETIC_ROWS,
 )
-from oracle.checks import bucketed_tokens, check_sample_counts, testable_params
+from oracle.checks import bucketed_tokens, check_sample_counts, relax_until_testable
 from oracle.coverage import exercised
 from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
 from oracle.strategies import RequestSpec, batches, logits_batches, requests, sampling_params, seeds
@@ -82,11 +82,8 @@ def assert_rows_follow_reference(
 def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject, target: Target) -> None:
     vocab = data.draw(st.integers(2, 24), label="vocab")
     logits = data.draw(logits_batches(vocab, SYNTHETIC_ROWS), label="logits")
-    params = [
-        testable_params(logits[r], data.draw(sampling_params(vocab, max_tokens=st.just(1)), label=f"params[{r}]"),
-                        N_SYNTHETIC)
-        for r in range(len(logits))
-    ]
+    drawn = [data.draw(sampling_params(vocab, max_tokens=st.just(1)), label=f"params[{r}]") for r in range(len(logits))]
+    params = [relax_until_testable(logits[r], p, N_SYNTHETIC) for r, p in enumerate(drawn)]
     sampler = target.make_sampler(vocab, data.draw(seeds, label="sampler_seed"))
     one_token = torch.zeros(1, dtype=torch.int32)
     reqs = [
@@ -109,7 +106,7 @@ def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler
     logits = out.logits.cpu()
     for row, req in enumerate(reqs):
         if req.sampling_params.seed is None:
-            req.sampling_params = testable_params(logits[row], req.sampling_params, n)
+            req.sampling_params = relax_until_testable(logits[row], req.sampling_params, n)
     args = engine.sampler.prepare(batch)
     draws = torch.stack([engine.sampler.sample(out.logits, args).cpu() for _ in range(n)])
     params = [r.sampling_params for r in reqs]
