@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core import SamplingParams
+from oracle.checks import bucketed_tokens, check_filtered_distribution, relax_until_testable
 from oracle.sampler import reference_distribution, top2_gap
 
 
@@ -188,3 +189,25 @@ def test_rejects_bad_input() -> None:
         reference_distribution(torch.tensor([-math.inf, -math.inf]), params)
     with pytest.raises(ValueError, match="overflow"):
         reference_distribution(torch.tensor([1e3, 0.0]), SamplingParams(temperature=1e-37))
+
+
+def test_filtered_distribution_check_sees_one_lost_tail_token_and_a_shifted_probability() -> None:
+    row = torch.tensor([0.0, -25.0, 1.0])  # token 1 carries ~1e-11
+    ref = reference_distribution(row, SamplingParams(temperature=1.0))
+    probs = torch.softmax(row, dim=-1)
+    assert check_filtered_distribution(probs, ref) is None
+    lost = probs.clone()
+    lost[1] = 0.0
+    assert "tokens [1] dropped" in str(check_filtered_distribution(lost, ref))
+    shifted = probs * torch.tensor([1.001, 1.0, 1.0])
+    assert "beyond the bound" in str(check_filtered_distribution(shifted / shifted.sum(), ref))
+
+
+def test_relax_until_testable_turns_off_what_leaves_one_bucket() -> None:
+    row = torch.tensor([3.0, 0.0, 0.0, -1.0])
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=1e-6)
+    assert bucketed_tokens(row, params, 1000) == 1
+    relaxed = relax_until_testable(row, params, 1000)
+    assert (relaxed.top_p, relaxed.top_k) == (1.0, 3) and bucketed_tokens(row, relaxed, 1000) >= 2
+    greedy = SamplingParams(temperature=0.0, top_p=1e-6)
+    assert relax_until_testable(row, greedy, 1000) == greedy
