@@ -37,7 +37,9 @@ class SamplingParams:
     """Per-request sampling parameters, validated on construction.
 
     Semantics follow HF's logits processors, applied in this order: temperature, top-k, top-p on the
-    renormalized result, min-p. ``temperature == 0`` means greedy; ``top_k == -1`` disables top-k.
+    renormalized result, min-p (tie rules: engine/sample.py's module doc). ``temperature == 0`` means greedy
+    (argmax); ``top_k == -1`` disables top-k, and ``top_k == 1`` with a positive temperature samples among the
+    tied maxima, as HF does.
     """
 
     temperature: float = 0.0
@@ -78,7 +80,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature == 0.0
 
 
 class Req:

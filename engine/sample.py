@@ -1,9 +1,12 @@
 """The sampler: greedy, top-k, top-p, min-p with per-request parameters, in HF's order.
 
-Order and tie rules follow HF's logits processors: temperature → top-k (every token tied with the k-th
-value is kept) → top-p on the renormalized result (a token is kept iff the mass strictly above it is < p;
-the top token always stays) → min-p (drop tokens with prob < min_p × max prob). Greedy rows take argmax of
-the raw logits, so a mixed batch never perturbs them.
+Order and tie rules are HF's logits processors', decided in float32 as transformers computes them: temperature
+(logits / T) → top-k (every token tied with the k-th score is kept, so top_k = 1 keeps every tied maximum) → top-p
+on the renormalized result (scores sorted ascending, stably; a token is removed iff the cumulative mass up to and
+including it is <= float32(1 - top_p); the top token always stays; of exact ties the cut splits, the highest
+indices stay) → min-p (drop tokens with prob < min_p × max prob). A row with top_p = 1 gets the cut 0, which
+removes only tokens whose float32 probability is already 0: a batch-mate's top-p never truncates its tail. Greedy
+rows (temperature 0) take the first argmax of the raw logits, so a mixed batch never perturbs them.
 
 Drawing uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i.
 A request with a seed draws its noise from its own generator, seeded by (seed, position), so its tokens
@@ -12,6 +15,8 @@ do not depend on the batch it is in.
 On CUDA with FlashInfer installed, rows draw with FlashInfer's rejection-sampling kernels instead (see
 flashinfer_draw); batches with a seeded request keep the torch path, whose per-request generators make seeded
 tokens independent of the batch (FlashInfer's Philox stream depends on the row's position in the batch).
+FlashInfer decides on float32 probabilities, so where tied probabilities straddle a top-k or top-p cut it cannot
+follow the tie rules above (oracle.sampler's prob_ties; tests/gpu/test_gpu_sampler_ties.py records what it does).
 
 Rows with nothing to sample (NaN or +inf logits, every logit -inf, or logits / temperature past float32) raise
 NonFiniteLogitsError naming them, before any noise is drawn: the engine's generator is untouched, so the other
@@ -43,7 +48,7 @@ class BatchSamplingArgs:
     temperature: torch.Tensor  # float32 [bs]; 1.0 on greedy rows, never read there
     top_k: torch.Tensor | None  # int64 [bs], vocab on rows without top-k; None when no row uses it
     top_k_max: int  # the largest k below vocab that a sampled row asks for (0 when top_k is None)
-    top_p: torch.Tensor | None  # float32 [bs]
+    top_p: torch.Tensor | None  # float64 [bs]: the cut 1 - top_p is taken in double and then rounded, as HF does
     min_p: torch.Tensor | None  # float32 [bs]
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
     uids: list[int] = field(default_factory=list)  # the rows' request uids, for error messages
@@ -121,7 +126,7 @@ class Sampler:
             temperature=to_dev([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=to_dev(ks, torch.int64) if filtering_ks else None,
             top_k_max=max(filtering_ks, default=0),
-            top_p=to_dev([p.top_p for p in params], torch.float32) if use_p else None,
+            top_p=to_dev([p.top_p for p in params], torch.float64) if use_p else None,
             min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
             row_seeds=row_seeds,
             uids=uids,
@@ -149,9 +154,9 @@ class Sampler:
         argmax = logits.argmax(dim=-1)
         if args.all_greedy:
             return torch.where(bad, -1, argmax).to(torch.int32), True
-        if self.use_flashinfer and all(seed is None for seed in args.row_seeds):
+        if self.draws_with_flashinfer(args):
             # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
-            probs = (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
+            probs = _tempered_softmax(logits, args)
             self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
             sampled = self.flashinfer_draw(probs, args)
         else:
@@ -159,6 +164,42 @@ class Sampler:
             self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
             sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
         return torch.where(args.greedy, argmax, sampled).to(torch.int32), False
+
+    def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
+        """Whether sample() draws this batch with FlashInfer's kernels (no seeded row) rather than the torch path."""
+        return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
+
+    def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """The distribution each row of sample() draws from, float32 [bs, vocab], for exact checks: a one-hot on the
+        argmax for greedy rows, else the filtered probabilities of the path sample() takes for this batch."""
+        if self.draws_with_flashinfer(args):
+            filtered = self.flashinfer_probs(_tempered_softmax(logits, args), args)
+        else:
+            filtered = self.filtered_probs(logits, args)
+        one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
+
+    def _flashinfer_filters(
+        self, probs: torch.Tensor, args: BatchSamplingArgs
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """probs after min-p (where a row uses it) and the top-k and top-p thresholds left for FlashInfer."""
+        bs = probs.shape[0]
+        full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
+        # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
+        top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
+        # top_p = 1 is "off", but in fp32 the mass above a tail token can round up to 1 and reject it: off rows get
+        # a threshold no mass reaches.
+        top_p = torch.full((bs,), 2.0, device=probs.device)
+        if args.top_p is not None:
+            top_p = torch.where(args.top_p < 1.0, args.top_p.float(), top_p)
+        if args.min_p is not None:
+            probs = self._fi.top_k_renorm_probs(probs, top_k)
+            top_k = full_k
+            kept = probs * (probs >= args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True))
+            mass = kept.sum(dim=-1)
+            probs = kept / mass.unsqueeze(1)
+            top_p = top_p / mass
+        return probs, top_k, top_p
 
     def flashinfer_draw(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """One token per row of probs (softmax of logits / temperature) under top-k, top-p, min-p; no host sync.
@@ -169,27 +210,21 @@ class Sampler:
         kept token unchanged up to the factor 1/Z, hence top-p with threshold top_p / Z keeps the same tokens.
         Top-k goes before that, since min-p's mass is taken after top-k's renormalization.
         """
-        bs = probs.shape[0]
-        full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
-        # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
-        top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
-        # top_p = 1 is "off", but in fp32 the mass above a tail token can round up to 1 and reject it: off rows get
-        # a threshold no mass reaches.
-        top_p = torch.full((bs,), 2.0, device=probs.device)
-        if args.top_p is not None:
-            top_p = torch.where(args.top_p < 1.0, args.top_p, top_p)
-        if args.min_p is not None:
-            probs = self._fi.top_k_renorm_probs(probs, top_k)
-            top_k = full_k
-            kept = probs * (probs >= args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True))
-            mass = kept.sum(dim=-1)
-            probs = kept / mass.unsqueeze(1)
-            top_p = top_p / mass
+        probs, top_k, top_p = self._flashinfer_filters(probs, args)
         samples = self._fi.top_k_top_p_sampling_from_probs(
             probs, top_k, top_p, filter_apply_order="top_k_first", seed=self.philox_seed, offset=self.philox_offset
         )
         self.philox_offset.add_(_PHILOX_STRIDE)
         return samples
+
+    def flashinfer_probs(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """The vector flashinfer_draw samples from, through FlashInfer's renorm kernels: its top_k_first order is
+        top_k_renorm_probs followed by top-p sampling, which FlashInfer documents as top_p_renorm_probs + sampling."""
+        probs, top_k, top_p = self._flashinfer_filters(probs, args)
+        probs = self._fi.top_k_renorm_probs(probs, top_k)
+        off = top_p >= 1.0  # the renorm kernel takes top_p in (0, 1]; such a row keeps every token
+        renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
+        return torch.where(off.unsqueeze(1), probs, renormed)
 
     @classmethod
     def _check_rows(cls, bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:
@@ -219,30 +254,25 @@ class Sampler:
         )
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """The probability vector each sampled row draws from (float32)."""
-        logits = logits / args.temperature.unsqueeze(1)
+        """The probability vector each sampled row draws from (float32), by the module doc's rules."""
+        scores = logits / args.temperature.unsqueeze(1)
         if args.top_k is not None:
             # Only the k-th largest value matters: a topk as wide as the largest k replaces a full-vocab sort.
             width = args.top_k_max
-            kth = logits.topk(width, dim=-1).values.gather(1, (args.top_k.clamp(max=width) - 1).unsqueeze(1))
-            kth = kth.masked_fill((args.top_k >= logits.shape[-1]).unsqueeze(1), float("-inf"))
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+            kth = scores.topk(width, dim=-1).values.gather(1, (args.top_k.clamp(max=width) - 1).unsqueeze(1))
+            kth = kth.masked_fill((args.top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
+            scores = scores.masked_fill(scores < kth, float("-inf"))
         if args.top_p is not None:
-            probs = logits.softmax(dim=-1)
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop_sorted = mass_above >= args.top_p.unsqueeze(1)
-            # top_p = 1 is "off" (HF adds no warper), but in fp32 the cumsum can reach 1.0 before the tail, which
-            # would drop tail tokens of such a row whenever a batch-mate turns top-p on.
-            drop_sorted &= (args.top_p < 1.0).unsqueeze(1)
-            drop_sorted[:, 0] = False
-            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
+            values, order = scores.sort(dim=-1, stable=True)
+            cumulative = values.softmax(dim=-1).cumsum(dim=-1)
+            remove = cumulative <= (1.0 - args.top_p).float().unsqueeze(1)
+            remove[:, -1] = False
+            scores = scores.masked_fill(torch.zeros_like(remove).scatter_(1, order, remove), float("-inf"))
         if args.min_p is not None:
-            probs = logits.softmax(dim=-1)
-            threshold = args.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-            logits = logits.masked_fill(probs < threshold, float("-inf"))
-        return logits.softmax(dim=-1)
+            probs = scores.softmax(dim=-1)
+            threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+            scores = scores.masked_fill(probs < threshold, float("-inf"))
+        return scores.softmax(dim=-1)
 
     def _exponential_noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
         noise = torch.empty_like(probs)
@@ -253,6 +283,10 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    return (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
 
 
 def flashinfer_sampling_unusable(where: Where) -> str | None:

@@ -1,5 +1,6 @@
 """Assertions shared by the properties, the tests and the verify report: logits within the target's tolerance,
-greedy runs compared under the near-tie rule, and sampled token counts against the reference sampler.
+greedy runs compared under the near-tie rule, sampled token counts against the reference sampler, and a sampler's
+filtered probability vector against the reference distribution itself.
 
 Greedy comparison follows vLLM's ``check_outputs_equal`` / ``check_logprobs_close`` idea: two greedy runs must
 produce identical tokens, except at a genuine near-tie (:meth:`oracle.tolerance.LogitTolerance.near_tie`, seen from
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine import SamplingParams
-from oracle.sampler import reference_distribution
-from oracle.stats import chi_square_gof, support_check
+from oracle.sampler import ReferenceDistribution, reference_distribution
+from oracle.stats import MIN_EXPECTED, chi_square_gof, support_check
 from oracle.tolerance import LogitTolerance, logits_error
 
 
@@ -160,14 +161,41 @@ def check_forced_greedy(
     return f"{mismatches[0].message}; tokens {list(tokens)}" if mismatches else None
 
 
+def bucketed_tokens(
+    row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
+) -> int:
+    """Tokens of the reference distribution that get a chi-square bucket of their own with n draws: clear ones (see
+    ReferenceDistribution.unclear) with an expected count >= MIN_EXPECTED. Two or more leave at least two buckets."""
+    ref = reference_distribution(row, params)
+    clear = ~ref.unclear(decides_on_probs) & (ref.probs > 0)
+    return int((clear & (ref.probs * n >= MIN_EXPECTED)).sum())
+
+
+def relax_until_testable(
+    row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
+) -> SamplingParams:
+    """params for a sampled row, relaxed until a chi-square on n draws from row has two buckets: min-p off, then
+    top-p, then top-k, then temperature 1 (edge values that leave one token are the exact checks' business)."""
+    for change in ({}, {"min_p": 0.0}, {"top_p": 1.0}, {"top_k": -1}, {"temperature": 1.0}):
+        params = replace(params, **change)
+        if params.is_greedy or bucketed_tokens(row, params, n, decides_on_probs) >= 2:
+            break
+    return params
+
+
 def check_sample_counts(
-    counts: torch.Tensor, logits_row: torch.Tensor, params: SamplingParams, alpha: float
+    counts: torch.Tensor,
+    logits_row: torch.Tensor,
+    params: SamplingParams,
+    alpha: float,
+    decides_on_probs: bool = False,
 ) -> list[str]:
     """Failures of tokens drawn (as per-token counts) from one logits row with params; [] if none.
 
-    Greedy rows (temperature 0 or top_k 1) must always take a maximal logit. Sampled rows must pass the support
-    check and the chi-square goodness-of-fit test against oracle.sampler's exact HF-order distribution, each at
-    level alpha; tokens whose keep/drop decision is ambiguous in fp32 are excluded from both.
+    Greedy rows (temperature 0) must always take a maximal logit. Sampled rows must pass the support check and the
+    chi-square goodness-of-fit test against oracle.sampler's exact HF-order distribution, each at level alpha; tokens
+    whose keep/drop decision is ambiguous in fp32 are excluded from both, and so are the probability ties a
+    sampler deciding on probabilities cannot split (decides_on_probs: FlashInfer's kernels drew the row).
     """
     n = int(counts.sum())
     if params.is_greedy:
@@ -175,11 +203,60 @@ def check_sample_counts(
         off = [int(t) for t in drawn if logits_row[t] != logits_row.max()]
         return [f"greedy row drew non-argmax tokens {off} (argmax {int(logits_row.argmax())})"] if off else []
     ref = reference_distribution(logits_row, params)
+    unclear = ref.unclear(decides_on_probs)
     failures = []
-    support = support_check(counts, ref.probs, n, alpha, ref.ambiguous)
+    support = support_check(counts, ref.probs, n, alpha, unclear)
     if not support.passed:
         failures.append(support.message())
-    chi = chi_square_gof(counts, ref.probs, alpha, exclude=ref.ambiguous)
+    chi = chi_square_gof(counts, ref.probs, alpha, exclude=unclear)
     if not chi.passed:
         failures.append(chi.message())
     return failures
+
+
+FLOAT32_FLOOR = torch.finfo(torch.float32).tiny
+"""2^-126, float32's smallest normal: a probability below it may be 0 in a float32 sampler (underflow, flushing)."""
+
+
+def filtered_rtol(vocab: int) -> float:
+    """Relative error allowed in a float32 filtered distribution: a softmax and a renormalization over the row (each
+    term rounded, then a sum of vocab terms: at most (vocab + 1) eps each), times 4 for FlashInfer's fast exp and
+    its two renorm passes."""
+    return 4 * (vocab + 8) * torch.finfo(torch.float32).eps
+
+
+def check_filtered_distribution(
+    probs: torch.Tensor, ref: ReferenceDistribution, decides_on_probs: bool = False
+) -> str | None:
+    """Why a sampler's probability vector for one row (what it draws from) is not ref; None if it is.
+
+    Outside ref.unclear(decides_on_probs) the support must be the reference's exactly: a token of reference
+    probability above FLOAT32_FLOOR must have probability > 0, one of reference probability 0 must have 0. Then
+    |p - ref| <= filtered_rtol(vocab) * ref + FLOAT32_FLOOR per token; where unclear tokens exist, for the
+    distributions conditioned on the clear tokens (an unclear decision, either way, only rescales the rest).
+    """
+    p = probs.detach().to(device="cpu", dtype=torch.float64)
+    clear = ~ref.unclear(decides_on_probs)
+    lost = clear & (ref.probs > FLOAT32_FLOOR) & (p == 0)
+    added = clear & (ref.probs == 0) & (p > 0)
+    if lost.any() or added.any():
+        return (
+            f"support differs from the reference: tokens {lost.nonzero().flatten().tolist()} dropped (reference "
+            f"probabilities {ref.probs[lost].tolist()}), tokens {added.nonzero().flatten().tolist()} added "
+            f"(probabilities {p[added].tolist()})"
+        )
+    r = ref.probs
+    if not bool(clear.all()):
+        p_mass, r_mass = p[clear].sum(), r[clear].sum()
+        if not (p_mass > 0 and r_mass > 0):
+            return None  # nothing clear carries mass: only the support could be checked
+        p, r = torch.where(clear, p / p_mass, 0.0), torch.where(clear, r / r_mass, 0.0)
+    rtol = filtered_rtol(len(p))
+    excess = (p - r).abs() - (rtol * r + FLOAT32_FLOOR)
+    worst = int(excess.argmax())
+    if excess[worst] > 0:
+        return (
+            f"token {worst}: probability {float(p[worst]):.9g} vs reference {float(r[worst]):.9g}, beyond the bound "
+            f"{rtol:.3g} relative + {FLOAT32_FLOOR:.3g}"
+        )
+    return None

@@ -1,28 +1,40 @@
-"""Pure-softmax reference sampler: the exact distribution a sampler should draw from.
+"""Reference sampler: the exact distribution a sampler should draw from, HF's own decisions included.
 
-Given one logits row and a :class:`~engine.core.SamplingParams`, :func:`reference_distribution`
-returns the float64 probability vector after temperature, top-k, top-p and min-p, together with a
-mask of *ambiguous* tokens: those whose keep/drop decision lies so close to a threshold that an
-fp32 engine may legitimately decide it the other way. Statistical tests exclude or pool them.
+Given one logits row and a :class:`~engine.core.SamplingParams`, :func:`reference_distribution` returns the float64
+probability vector after temperature, top-k, top-p and min-p, and two masks: *ambiguous* tokens, whose keep/drop
+decision another device's float32 rounding could flip, and *prob_ties*, tied float32 probabilities at a cut that a
+sampler deciding on probabilities alone (FlashInfer's kernels) cannot split the way HF does. Statistical tests and
+exact checks leave them out (see :meth:`ReferenceDistribution.unclear`).
 
-Two filter orders are supported:
+Keep/drop decisions are transformers 5.17's float32 computation, step by step as its warpers run in ``generate``
+(``mode="hf"``), on the row cast to float32 (generate casts logits to float32 before its processors):
 
-``mode="hf"``
-    Hugging Face transformers' semantics, in the order ``generate`` chains its warpers:
-    temperature, then top-k, then top-p on the distribution *renormalized after top-k*, then
-    min-p. Top-k keeps every token whose value is ``>=`` the k-th largest value (so all ties with
-    the k-th are kept). Top-p keeps a token iff the probability mass strictly above it (in
-    descending order) is ``< top_p``; the top token is always kept.
+1. temperature: ``scores = row / T`` in float32 (T rounded to float32; on CPU that is what HF's division by a Python
+   float computes, bit for bit);
+2. top-k: keep ``scores >= the k-th largest score``: every token tied with the k-th stays, so ``top_k=1`` keeps
+   every tied maximum and samples among them;
+3. top-p: sort the scores ascending (stably: tied scores by index), take the softmax of the sorted row and its
+   cumulative sum, and remove tokens whose cumsum is ``<= float32(1 - top_p)``, never the last (top) one. Of exact
+   ties that the cut splits, the highest indices stay: what a stable ascending sort leaves at the top. HF's own
+   ``torch.sort(stable=False)`` is introsort on CPU, stable only up to 16 elements, so beyond that *which* members
+   of a split tie group HF keeps is an artefact of its sort (and differs on CUDA); their number never is. The
+   oracle pins the stable choice and the engine follows it;
+4. min-p: softmax of the filtered row, remove ``probs < min_p * max`` (min_p rounded to float32); the top token
+   always stays.
 
-``mode="joint"``
-    SGLang / FlashInfer ``filter_apply_order="joint"``: top-k and top-p are both evaluated on the
-    *original* temperature-scaled distribution and their keep-sets intersected; min-p follows as
-    in ``"hf"``. Joint keeps at least as many tokens as hf: after top-k removes mass, hf's
-    renormalized "mass above" of every token grows, so its top-p cuts earlier. The two agree
-    whenever at most one of top-k / top-p is active.
+Only then does float64 enter: ``probs`` is the float64 softmax of the float32 scores over the kept tokens.
 
-Min-p's keep rule ``p_t >= min_p * p_max`` depends only on the logit difference to the best
-token, so it is the same whether evaluated before or after renormalization.
+``mode="joint"`` is SGLang / FlashInfer ``filter_apply_order="joint"``: top-k and top-p are both evaluated on the
+temperature-scaled distribution and their keep-sets intersected; min-p follows as in ``"hf"``. Joint keeps at least
+as many tokens as hf (top-k's renormalization makes hf's top-p cut earlier); they agree when at most one of top-k
+and top-p is on.
+
+Ambiguity is what rounding elsewhere could flip, never what HF's rule decides: identical logits stay identical
+under any device's ``x / T``, ``exp`` and comparisons, so exact ties are decided by the rules above. What can flip:
+a score within ``tol`` (relative) of another score across a top-k cut or inside a top-p group that the cut splits
+(a device's division or sort may order them otherwise), a cumulative mass within ``tol`` (absolute, plus the mass
+of upstream-ambiguous tokens) of the top-p threshold, and a min-p margin ``s_t - s_max - log(min_p)`` within ``tol``
+of 0 (relative to the scores' magnitude, absolute floor 1).
 """
 
 from __future__ import annotations
@@ -35,10 +47,8 @@ import torch
 
 from engine.core import SamplingParams
 
-# Decisions closer than this to a threshold are ambiguous. The unit is relative to the magnitude of
-# the logits involved (logit comparisons) or absolute probability mass (top-p). fp32 has
-# eps = 1.2e-7, so 1e-5 is ~100 ulps: enough for an fp32 engine's rounding in logits / T, exp, and a
-# sorted partial sum over a few hundred terms, yet far below any discrepancy worth reporting.
+# Decisions closer than this to a threshold are ambiguous: ~100 float32 ulps (eps = 1.2e-7), enough for another
+# device's rounding in x / T, exp and a partial sum over a few hundred terms, far below any error worth reporting.
 DEFAULT_TOL = 1e-5
 
 Mode = Literal["hf", "joint"]
@@ -48,23 +58,28 @@ Mode = Literal["hf", "joint"]
 class ReferenceDistribution:
     """Exact sampling distribution for one logits row.
 
-    ``probs`` is float64 and sums to 1; ``support`` marks ``probs > 0``; ``ambiguous`` marks tokens
-    whose keep/drop decision lies within the tolerance of a filter threshold (or of the argmax for
-    greedy); they may be in or out of ``support``. ``is_greedy`` mirrors ``SamplingParams.is_greedy``:
-    for ``top_k == 1`` with a positive temperature ``probs`` still follows HF (uniform over exact ties
-    at the maximum), while ``temperature == 0`` gives a one-hot on the first argmax.
+    ``probs`` is float64 and sums to 1; ``support`` marks ``probs > 0``. ``ambiguous`` marks tokens whose decision
+    another device's rounding could flip; ``prob_ties`` marks tokens whose float32 probability ties with a token on
+    the other side of a top-k or top-p cut (or, at the k-th value, with more tokens than k leaves room for), which a
+    sampler deciding on probabilities cannot split as HF does. Both may be in or out of ``support``. ``is_greedy``
+    mirrors ``SamplingParams.is_greedy`` (temperature 0: a one-hot on the first argmax).
     """
 
     probs: torch.Tensor
     support: torch.Tensor
     ambiguous: torch.Tensor
+    prob_ties: torch.Tensor
     is_greedy: bool
+
+    def unclear(self, decides_on_probs: bool = False) -> torch.Tensor:
+        """Tokens a check must leave out: the ambiguous ones, plus prob_ties for a probability-based sampler."""
+        return self.ambiguous | self.prob_ties if decides_on_probs else self.ambiguous
 
 
 def _as_row(logits_row: torch.Tensor) -> torch.Tensor:
     if logits_row.dim() != 1 or logits_row.numel() == 0:
         raise ValueError(f"expected a non-empty 1-D logits row, got shape {tuple(logits_row.shape)}")
-    row = logits_row.detach().to(device="cpu", dtype=torch.float64)
+    row = logits_row.detach().to(device="cpu", dtype=torch.float32)
     if torch.isnan(row).any() or (row == math.inf).any():
         raise ValueError("logits must not contain NaN or +inf")
     if not torch.isfinite(row).any():
@@ -73,111 +88,108 @@ def _as_row(logits_row: torch.Tensor) -> torch.Tensor:
 
 
 def _near(a: torch.Tensor, b: torch.Tensor | float, tol: float) -> torch.Tensor:
-    """Elementwise ``|a - b| <= tol * max(1, |a|, |b|)`` for finite values (never for infinities).
-
-    The scale factor makes the tolerance relative for large logits (e.g. after a small temperature),
-    where fp32 rounding error grows with magnitude.
-    """
-    b_t = torch.as_tensor(b, dtype=torch.float64)
-    scale = torch.maximum(torch.maximum(a.abs(), b_t.abs()), torch.ones((), dtype=torch.float64))
-    return torch.isfinite(a) & torch.isfinite(b_t) & ((a - b_t).abs() <= tol * scale)
+    """Elementwise ``|a - b| <= tol * max(|a|, |b|)`` for finite values: a division's rounding is relative."""
+    b_t = torch.as_tensor(b, dtype=a.dtype)
+    close = (a - b_t).abs() <= tol * torch.maximum(a.abs(), b_t.abs())
+    return torch.isfinite(a) & torch.isfinite(b_t) & close
 
 
-def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
+def _masked(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return scores.masked_fill(~mask, -math.inf)
 
 
-def _top_k(scores: torch.Tensor, k: int, tol: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep-mask and ambiguous-mask of HF top-k (keep every value >= the k-th largest)."""
+def _none(vocab: int) -> torch.Tensor:
+    return torch.zeros(vocab, dtype=torch.bool)
+
+
+def _tie_groups_split(probs: torch.Tensor, kept: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Candidates whose probability equals that of a candidate on the other side of the kept/removed split."""
+    kept_values = probs[candidates & kept]
+    removed_values = probs[candidates & ~kept]
+    both = torch.isin(probs, kept_values) & torch.isin(probs, removed_values)
+    return candidates & both
+
+
+def _top_k(
+    scores: torch.Tensor, row: torch.Tensor, k: int, tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep-mask, ambiguous-mask and probability-tie mask of HF top-k (keep every score >= the k-th largest)."""
     vocab = scores.numel()
-    keep_all = torch.ones(vocab, dtype=torch.bool)
-    none = torch.zeros(vocab, dtype=torch.bool)
     if k == -1 or k >= vocab:
-        return keep_all, none
-    ordered = torch.sort(scores, descending=True).values
-    kth = ordered[k - 1].item()
+        return torch.ones(vocab, dtype=torch.bool), _none(vocab), _none(vocab)
+    # Division by T is monotone on every device, so the k-th score belongs to the k-th logit everywhere.
+    kth_logit = torch.sort(row, descending=True, stable=True).values[k - 1]
+    kth = torch.sort(scores, descending=True, stable=True).values[k - 1]
     keep = scores >= kth
-    # Only a near-tie across the cut (rank k vs rank k+1) can flip a decision; then every token near
-    # the k-th value could land on either side.
-    if bool(_near(ordered[k], kth, tol)):
-        return keep, _near(scores, kth, tol)
-    return keep, none
+    amb = (row < kth_logit) & _near(scores, kth.item(), tol)
+    probs = torch.softmax(scores, dim=-1)
+    p_kth = probs[scores == kth][0]
+    overfull = int((probs > p_kth).sum()) + int((probs == p_kth).sum()) > k
+    ties = (probs == p_kth) & torch.isfinite(scores) if overfull else _none(vocab)
+    return keep, amb, ties
 
 
 def _top_p(
-    scores: torch.Tensor, mask: torch.Tensor, p: float, tol: float, mass_tol: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep-mask and ambiguous-mask of top-p over the distribution ``softmax(scores[mask])``.
-
-    ``mass_tol`` bounds the error in a token's "mass above"; ``tol`` is the logit tolerance for ties.
-
-    HF sorts ascending and removes tokens with ``cumsum <= 1 - p``; the inclusive ascending cumsum of
-    a token is ``1 - (mass strictly above it in descending order)``, so HF keeps a token iff the mass
-    above it is ``< p``. That is what is computed here, on a descending sort. Equal probabilities are
-    ordered by index (stable sort); HF's order among ties is unspecified, hence the tie rule below.
-    """
+    scores: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, p: float, tol: float, mass_tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep-mask, ambiguous-mask and probability-tie mask of HF top-p over ``scores[mask]`` (module doc, step 3)."""
     vocab = scores.numel()
     if p >= 1.0:
-        return torch.ones(vocab, dtype=torch.bool), torch.zeros(vocab, dtype=torch.bool)
-    probs = _masked_softmax(scores, mask)
-    order = torch.sort(probs, descending=True, stable=True).indices
-    sorted_probs = probs[order]
-    above = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(sorted_probs, 0)[:-1]])
-    keep_sorted = above < p
-    keep_sorted[0] = True  # min_tokens_to_keep = 1, as generate passes without beam search
-    live = sorted_probs > 0
-    # Equal-probability tokens may come in any order, so each (near-)tie group, contiguous in the
-    # sorted order, shares one fate: a token could take the place of any token tied with it.
-    sorted_scores = scores[order]
-    near_prev = torch.zeros(vocab, dtype=torch.bool)
-    near_prev[1:] = _near(sorted_scores[1:], sorted_scores[:-1], tol)
-    group = torch.cumsum((~near_prev).long(), 0) - 1
-    near_cut = live & ((above - p).abs() <= mass_tol)
-    near_cut[0] = False  # the top token is kept whatever p is; a tie at the top is handled below
-    n_kept = int(keep_sorted.sum())
-    if n_kept < vocab and bool(live[n_kept] & near_prev[n_kept]):
-        near_cut[n_kept] = True  # a tie group straddles the cut: which members are kept is arbitrary
-    flagged = torch.zeros(vocab, dtype=torch.bool)
-    flagged[group[near_cut]] = True
-    amb_sorted = live & flagged[group]
-    keep = torch.empty_like(keep_sorted).scatter_(0, order, keep_sorted)
+        return torch.ones(vocab, dtype=torch.bool), _none(vocab), _none(vocab)
+    values, order = torch.sort(_masked(scores, mask), stable=True)
+    cum = torch.softmax(values, dim=-1).cumsum(dim=-1)
+    remove_sorted = cum <= 1 - p  # a Python float: compared in float32, as HF's comparison does
+    remove_sorted[-1] = False
+    live = torch.isfinite(values)
+    logits = row[order]
+    # Runs of near-equal scores in the sorted order: another device may order the members of a run otherwise,
+    # which matters only where the run holds distinct logits and the cut splits it or may move into it.
+    linked = torch.zeros(vocab, dtype=torch.bool)
+    linked[1:] = live[1:] & live[:-1] & _near(values[1:], values[:-1], tol)
+    group = torch.cumsum((~linked).long(), 0) - 1
+    groups = int(group[-1]) + 1
+    distinct = torch.zeros(vocab, dtype=torch.bool)
+    distinct[1:] = linked[1:] & (logits[1:] != logits[:-1])
+    near_cut = live & ((cum - (1 - p)).abs() <= mass_tol)
+    near_cut[-1] = False
+    mixed, removed, kept, at_cut = (torch.zeros(groups, dtype=torch.bool) for _ in range(4))
+    mixed[group[distinct]] = True
+    removed[group[live & remove_sorted]] = True
+    kept[group[live & ~remove_sorted]] = True
+    at_cut[group[near_cut]] = True
+    amb_sorted = near_cut | (live & (mixed & ((removed & kept) | at_cut))[group])
+    keep = torch.empty_like(remove_sorted).scatter_(0, order, ~remove_sorted)
     amb = torch.empty_like(amb_sorted).scatter_(0, order, amb_sorted)
-    return keep, amb
+    ties = _tie_groups_split(torch.softmax(_masked(scores, mask), dim=-1), keep, mask & torch.isfinite(scores))
+    return keep, amb, ties
 
 
 def _min_p(
-    scores: torch.Tensor, mask: torch.Tensor, candidates: torch.Tensor, min_p: float, tol: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep-mask of HF min-p over ``softmax(scores[mask])``; ambiguous-mask over ``candidates``.
+    scores: torch.Tensor, row: torch.Tensor, mask: torch.Tensor, candidates: torch.Tensor, min_p: float, tol: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep-mask of HF min-p over ``scores[mask]``; ambiguous and surely-removed masks over ``candidates``.
 
-    ``candidates`` (a superset of ``mask``) adds the tokens an engine may still have at this stage.
-    The keep decision mirrors HF (``probs < min_p * max`` is removed, computed in probability space,
-    so underflowed probabilities are removed exactly as HF removes them); ambiguity is measured in
-    log space, ``log(p_t / p_max) = s_t - s_max`` against ``log(min_p)``, which is how an engine's
-    fp32 error enters.
+    ``candidates`` (a superset of ``mask``) adds the tokens another device may still have at this stage. Ambiguity
+    is measured in log space, ``log(p_t / p_max) = s_t - s_max`` against ``log(min_p)``, which is how float32 error
+    enters; a token with the top token's very logit is kept everywhere (min_p <= 1).
     """
     vocab = scores.numel()
     if min_p <= 0.0:
-        return torch.ones(vocab, dtype=torch.bool), torch.zeros(vocab, dtype=torch.bool)
-    probs = _masked_softmax(scores, mask)
-    keep = ~(probs < min_p * probs.max())
-    masked = scores.masked_fill(~candidates, -math.inf)
-    top = int(torch.argmax(masked))
-    s_max = masked[top].item()
-    margin = masked - s_max - math.log(min_p)
-    scale = torch.maximum(masked.abs(), torch.full_like(masked, max(1.0, abs(s_max))))
-    amb = candidates & torch.isfinite(margin) & (margin.abs() <= tol * scale)
-    # The best token is always kept unless another token is near-tied with it (only possible for
-    # min_p close to 1), in which case either could be "the max".
-    amb[top] = False
-    if bool((amb & _near(masked, s_max, tol)).any()):
-        amb[top] = True
-    return keep, amb
+        return torch.ones(vocab, dtype=torch.bool), _none(vocab), _none(vocab)
+    probs = torch.softmax(_masked(scores, mask), dim=-1)
+    keep = ~(probs < min_p * probs.amax())
+    cand = _masked(scores, candidates).double()
+    top = int(torch.argmax(cand))
+    margin = cand - cand[top] - math.log(min_p)
+    slack = tol * torch.clamp(torch.maximum(cand.abs(), cand[top].abs()), min=1.0)
+    amb = candidates & torch.isfinite(margin) & (margin.abs() <= slack) & (row != row[top])
+    surely_removed = candidates & (margin < -slack)
+    return keep, amb, surely_removed
 
 
 def top2_gap(logits_row: torch.Tensor) -> float:
     """Top-1 minus top-2 logit (``inf`` for a single-token vocabulary); small means a greedy near-tie."""
-    row = _as_row(logits_row)
+    row = _as_row(logits_row).double()
     if row.numel() == 1:
         return math.inf
     top2 = torch.topk(row, 2).values
@@ -190,9 +202,10 @@ def reference_distribution(
     mode: Mode = "hf",
     tol: float = DEFAULT_TOL,
 ) -> ReferenceDistribution:
-    """Exact (float64, CPU) distribution that sampling ``logits_row`` with ``params`` must follow.
+    """Exact distribution that sampling ``logits_row`` (cast to float32) with ``params`` must follow.
 
-    ``-inf`` logits (masked tokens) are never in the support and never ambiguous.
+    ``-inf`` logits (masked tokens) are never in the support and never ambiguous. Raises ValueError for rows the
+    engine rejects (NaN, +inf, all -inf, logits / temperature past float32).
     """
     if mode not in ("hf", "joint"):
         raise ValueError(f"mode={mode!r} is invalid: use 'hf' or 'joint'")
@@ -202,30 +215,29 @@ def reference_distribution(
     vocab = row.numel()
 
     if params.temperature == 0.0:
-        top = int(torch.argmax(row))
+        # Greedy: the first argmax (torch.argmax's documented rule), exact on the same float32 logits everywhere.
         probs = torch.zeros(vocab, dtype=torch.float64)
-        probs[top] = 1.0
-        near_top = _near(row, row[top].item(), tol)
-        ambiguous = near_top if int(near_top.sum()) >= 2 else torch.zeros(vocab, dtype=torch.bool)
-        return ReferenceDistribution(probs, probs > 0, ambiguous, is_greedy=True)
+        probs[int(torch.argmax(row))] = 1.0
+        return ReferenceDistribution(probs, probs > 0, _none(vocab), _none(vocab), is_greedy=True)
 
-    scores = row / params.temperature
+    scores = row / float(params.temperature)
+    if torch.isposinf(scores).any():
+        raise ValueError(f"logits / temperature={params.temperature!r} overflow float32")
     alive = torch.isfinite(scores)
-    keep_k, amb_k = _top_k(scores, params.top_k, tol)
+    keep_k, amb_k, ties_k = _top_k(scores, row, params.top_k, tol)
     if mode == "hf":
         mask = alive & keep_k
-        # Top-p sees the distribution renormalized after top-k; if the engine flips an ambiguous
-        # top-k decision, every "mass above" shifts by at most that token mass, so widen tol by it.
-        upstream = _masked_softmax(scores, mask | amb_k)[amb_k].sum().item()
-        keep_p, amb_p = _top_p(scores, mask, params.top_p, tol, tol + upstream)
+        # Top-p sees the distribution renormalized after top-k; if another device flips an ambiguous top-k
+        # decision, every cumulative mass shifts by at most that token mass, so widen the mass tolerance by it.
+        upstream = torch.softmax(_masked(scores, mask | amb_k).double(), dim=-1)[amb_k].sum().item()
+        keep_p, amb_p, ties_p = _top_p(scores, row, mask, params.top_p, tol, tol + upstream)
         mask &= keep_p
     else:
-        keep_p, amb_p = _top_p(scores, alive, params.top_p, tol, tol)
+        keep_p, amb_p, ties_p = _top_p(scores, row, alive, params.top_p, tol, tol)
         mask = alive & keep_k & keep_p
-    ambiguous = amb_k | amb_p
-    # Min-p is judged on every token that could reach it, including upstream-ambiguous ones.
-    keep_m, amb_m = _min_p(scores, mask, mask | (ambiguous & alive), params.min_p, tol)
+    upstream_amb = (amb_k | amb_p) & alive
+    keep_m, amb_m, removed_m = _min_p(scores, row, mask, mask | upstream_amb, params.min_p, tol)
     mask &= keep_m
-    ambiguous = (ambiguous | amb_m) & alive
-    probs = _masked_softmax(scores, mask)
-    return ReferenceDistribution(probs, probs > 0, ambiguous, is_greedy=params.is_greedy)
+    ambiguous = ((upstream_amb & ~removed_m) | amb_m) & alive
+    probs = torch.softmax(_masked(scores.double(), mask), dim=-1)
+    return ReferenceDistribution(probs, probs > 0, ambiguous, (ties_k | ties_p) & alive, is_greedy=params.is_greedy)

@@ -1,4 +1,5 @@
-"""The reference sampler against HF transformers' own logits warpers, plus hand-checked examples."""
+"""The reference sampler on hand-checked examples (its property against transformers' own warpers, on Hypothesis
+inputs, is properties/test_hf_processors.py)."""
 
 from __future__ import annotations
 
@@ -8,120 +9,23 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers.generation.logits_process import (
-    LogitsProcessor,
-    MinPLogitsWarper,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from engine.core import SamplingParams
-from oracle.sampler import ReferenceDistribution, reference_distribution, top2_gap
-
-# Small enough for the whole module to run in a few seconds on 2 cores.
-HYPOTHESIS = settings(max_examples=150, deadline=None)
-
-
-def hf_processors(params: SamplingParams) -> list[LogitsProcessor]:
-    """The warpers ``generate`` would build for ``params`` with ``do_sample=True``, in its order.
-
-    Verified against transformers 5.17 ``generation/utils.py``, ``GenerationMixin._get_logits_processor``
-    (lines ~1424-1457): Temperature (only if != 1.0), TopK (only if != 0/None), TopP (only if < 1.0),
-    MinP (if not None), each with ``min_tokens_to_keep=1`` when ``num_beams == 1``. Our ``top_k == -1``
-    is HF's ``top_k=None`` and our ``min_p == 0`` is HF's ``min_p=None``.
-    """
-    procs: list[LogitsProcessor] = []
-    if params.temperature != 1.0:
-        procs.append(TemperatureLogitsWarper(float(params.temperature)))
-    if params.top_k != -1:
-        procs.append(TopKLogitsWarper(top_k=params.top_k, min_tokens_to_keep=1))
-    if params.top_p < 1.0:
-        procs.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
-    if params.min_p > 0.0:
-        procs.append(MinPLogitsWarper(min_p=params.min_p, min_tokens_to_keep=1))
-    return procs
-
-
-def hf_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """HF's sampling distribution; the warpers run on float64 so the comparison is exact math."""
-    scores = logits.to(torch.float64).unsqueeze(0)
-    input_ids = torch.zeros((1, 1), dtype=torch.long)
-    for proc in hf_processors(params):
-        scores = proc(input_ids, scores)
-    return torch.softmax(scores, dim=-1)[0]
-
-
-def assert_matches_hf(logits: torch.Tensor, params: SamplingParams) -> ReferenceDistribution:
-    ref = reference_distribution(logits, params, mode="hf")
-    hf = hf_probs(logits, params)
-    clear = ~ref.ambiguous
-    mismatch = (hf > 0) != ref.support
-    assert not (mismatch & clear).any(), (logits, params, hf, ref)
-    if not ref.ambiguous.any():
-        torch.testing.assert_close(ref.probs, hf, rtol=0, atol=1e-6)
-    elif ref.probs[clear].sum() > 0:
-        # Ambiguous tokens may fall on either side of a cut, which changes only the normalizer of
-        # the rest; so the distributions conditioned on the clear tokens must agree.
-        ours = ref.probs[clear] / ref.probs[clear].sum()
-        theirs = hf[clear] / hf[clear].sum()
-        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
-    assert math.isclose(float(ref.probs.sum()), 1.0, rel_tol=1e-12)
-    return ref
-
-
-def params_strategy(vocab: int) -> st.SearchStrategy[SamplingParams]:
-    return st.builds(
-        SamplingParams,
-        temperature=st.sampled_from([1e-5, 0.7, 1.0, 3.0]),
-        top_k=st.sampled_from([-1, 1, 2, vocab, vocab + 3]),
-        top_p=st.sampled_from([1.0, 1e-9, 0.5, 0.9]),
-        min_p=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
-    )
+from oracle.checks import bucketed_tokens, check_filtered_distribution, relax_until_testable
+from oracle.sampler import reference_distribution, top2_gap
 
 
 @st.composite
 def distinct_logits_and_params(draw: st.DrawFn) -> tuple[torch.Tensor, SamplingParams]:
-    values = draw(
-        st.lists(st.floats(-20.0, 20.0, allow_nan=False, allow_infinity=False), min_size=1, max_size=16, unique=True)
+    values = draw(st.lists(st.floats(-20.0, 20.0, width=32), min_size=1, max_size=16, unique=True))
+    params = st.builds(
+        SamplingParams,
+        temperature=st.sampled_from([1e-5, 0.7, 1.0, 3.0]),
+        top_k=st.sampled_from([-1, 1, 2, len(values), len(values) + 3]),
+        top_p=st.sampled_from([1.0, 1e-9, 0.5, 0.9]),
+        min_p=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
     )
-    return torch.tensor(values, dtype=torch.float64), draw(params_strategy(len(values)))
-
-
-@st.composite
-def tied_logits_and_params(draw: st.DrawFn) -> tuple[torch.Tensor, SamplingParams]:
-    # A few distinct levels repeated many times, plus masked (-inf) tokens: exact ties at every cut.
-    levels = draw(st.lists(st.sampled_from([-3.0, -1.0, 0.0, 0.5, 2.0]), min_size=1, max_size=3, unique=True))
-    values = draw(st.lists(st.sampled_from([*levels, -math.inf]), min_size=1, max_size=16))
-    values.append(levels[0])  # at least one finite logit
-    return torch.tensor(values, dtype=torch.float64), draw(params_strategy(len(values)))
-
-
-@HYPOTHESIS
-@given(distinct_logits_and_params())
-def test_hf_mode_matches_hf_warpers_distinct(case: tuple[torch.Tensor, SamplingParams]) -> None:
-    assert_matches_hf(*case)
-
-
-@HYPOTHESIS
-@given(tied_logits_and_params())
-def test_hf_mode_matches_hf_warpers_ties(case: tuple[torch.Tensor, SamplingParams]) -> None:
-    assert_matches_hf(*case)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.one_of(distinct_logits_and_params(), tied_logits_and_params()))
-def test_fp32_hf_differs_only_at_ambiguous_tokens(case: tuple[torch.Tensor, SamplingParams]) -> None:
-    # HF's warpers on float32 logits stand in for an fp32 engine: with the default tol, every support
-    # decision they take differently from the float64 reference must be flagged ambiguous.
-    logits, params = case
-    logits32 = logits.to(torch.float32)
-    scores = logits32.unsqueeze(0)
-    for proc in hf_processors(params):
-        scores = proc(torch.zeros((1, 1), dtype=torch.long), scores)
-    support32 = torch.softmax(scores.to(torch.float64), dim=-1)[0] > 0
-    ref = reference_distribution(logits32, params)
-    assert not ((support32 != ref.support) & ~ref.ambiguous).any(), (logits32, params, scores, ref)
+    return torch.tensor(values, dtype=torch.float32), draw(params)
 
 
 @settings(max_examples=100, deadline=None)
@@ -150,10 +54,28 @@ def test_top_k_six_tokens() -> None:
     assert ref.probs.dtype == torch.float64
 
 
-def test_top_k_keeps_all_ties_with_kth_and_marks_them() -> None:
+def test_top_k_keeps_all_ties_with_kth_decided_not_ambiguous() -> None:
+    # Exact ties are decided by HF's rule (>= the k-th), identically on every device; only a sampler deciding on
+    # probabilities could keep fewer of them (prob_ties).
     ref = reference_distribution(torch.tensor([3.0, 2.0, 2.0, 1.0]), SamplingParams(temperature=1.0, top_k=2))
     assert ref.support.tolist() == [True, True, True, False]
-    assert ref.ambiguous.tolist() == [False, True, True, False]
+    assert not ref.ambiguous.any()
+    assert ref.prob_ties.tolist() == [False, True, True, False]
+
+
+def test_top_k_one_keeps_every_tied_maximum() -> None:
+    ref = reference_distribution(torch.tensor([1.0, 3.0, 3.0, 0.0]), SamplingParams(temperature=0.8, top_k=1))
+    assert not ref.is_greedy
+    assert ref.probs.tolist() == [0.0, 0.5, 0.5, 0.0]
+    assert not ref.ambiguous.any()
+    assert ref.prob_ties.tolist() == [False, True, True, False]
+
+
+def test_near_tie_at_the_kth_value_is_ambiguous() -> None:
+    below = torch.nextafter(torch.tensor(2.0), torch.tensor(0.0)).item()  # one float32 ulp under 2
+    ref = reference_distribution(torch.tensor([3.0, 2.0, below, 1.0]), SamplingParams(temperature=1.0, top_k=2))
+    assert ref.support.tolist() == [True, True, False, False]
+    assert ref.ambiguous.tolist() == [False, False, True, False]
 
 
 def test_top_p_keeps_only_top_token_when_it_exceeds_p() -> None:
@@ -163,13 +85,35 @@ def test_top_p_keeps_only_top_token_when_it_exceeds_p() -> None:
     assert ref.probs[0].item() == 1.0
 
 
-def test_top_p_boundary_is_exclusive_and_ambiguous() -> None:
-    # probs [0.5, 0.25, 0.25]: mass above the 2nd token is exactly p, so HF drops it; being on the
-    # threshold it is ambiguous, and so is the 3rd token, tied with it across the cut.
-    logits = torch.log(torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64))
+def test_top_p_keeps_the_highest_indices_of_a_split_tie() -> None:
+    # probs [0.4, 0.2, 0.2, 0.2], top_p 0.7: ascending, the ties come first in index order; cumulative masses 0.2,
+    # 0.4, 0.6 against the cut 0.3 remove token 1 only. Not ambiguous (far from the cut); FlashInfer sees one tie.
+    logits = torch.tensor([0.4, 0.2, 0.2, 0.2]).log()
+    ref = reference_distribution(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    assert ref.support.tolist() == [True, False, True, True]
+    assert not ref.ambiguous.any()
+    assert ref.prob_ties.tolist() == [False, True, True, True]
+
+
+def test_top_p_mass_at_the_cut_is_ambiguous() -> None:
+    # probs [0.5, 0.25, 0.25], top_p 0.5: token 2's cumulative mass is the cut 0.5 itself, within rounding.
+    logits = torch.tensor([0.5, 0.25, 0.25]).log()
     ref = reference_distribution(logits, SamplingParams(temperature=1.0, top_p=0.5))
-    assert ref.support.tolist() == [True, False, False]
-    assert ref.ambiguous.tolist() == [False, True, True]
+    assert ref.support[0] and ref.ambiguous.tolist() == [False, False, True]
+
+
+def test_huge_temperature_decides_in_float32() -> None:
+    # At T = 1e30 every float32 probability is exactly 1/4 although the scores differ: HF's top-p still orders by
+    # score (ascending 3, 2, 1, 0; cumulative 0.25, 0.5, ...) and removes token 3 only; float64 would agree here,
+    # but min-p = 1 keeps all four in float32 (ties with the max) where float64 keeps one: ambiguous there.
+    row = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    ref = reference_distribution(row, SamplingParams(temperature=1e30, top_p=0.6))
+    assert ref.support.tolist() == [True, True, True, False]
+    assert not ref.ambiguous.any()
+    assert ref.prob_ties.tolist() == [True, True, True, True]
+    flat = reference_distribution(row, SamplingParams(temperature=1e30, min_p=1.0))
+    assert flat.support.all()
+    assert flat.ambiguous.tolist() == [False, True, True, True]
 
 
 def test_min_p_drops_below_scaled_threshold() -> None:
@@ -180,12 +124,14 @@ def test_min_p_drops_below_scaled_threshold() -> None:
     assert not ref.ambiguous.any()
 
 
-def test_min_p_one_with_near_tie_at_top() -> None:
-    ref = reference_distribution(
-        torch.tensor([1.0, 1.0 + 1e-9, 0.0], dtype=torch.float64), SamplingParams(temperature=1.0, min_p=1.0)
-    )
-    assert ref.support.tolist() == [False, True, False]
-    assert ref.ambiguous.tolist() == [True, True, False]
+def test_min_p_one_keeps_exact_ties_at_the_top_and_flags_near_ones() -> None:
+    ref = reference_distribution(torch.tensor([1.0, 1.0, 0.0]), SamplingParams(temperature=1.0, min_p=1.0))
+    assert ref.support.tolist() == [True, True, False]
+    assert not ref.ambiguous.any()
+    above = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)).item()
+    near = reference_distribution(torch.tensor([1.0, above, 0.0]), SamplingParams(temperature=1.0, min_p=1.0))
+    assert near.support.tolist() == [False, True, False]
+    assert near.ambiguous.tolist() == [True, False, False]
 
 
 def test_joint_differs_from_hf() -> None:
@@ -203,26 +149,22 @@ def test_joint_differs_from_hf() -> None:
 
 
 def test_ambiguous_top_k_widens_top_p_tolerance() -> None:
-    # Tokens 2 and 3 are near-tied at the k-th value. The reference keeps 3 tokens (total mass 1.0),
-    # so token 1 has mass above 0.55 >= p and is dropped; an engine that also keeps token 2 sees
-    # 0.55 / 1.01 < p and keeps token 1. So token 1's top-p decision must be ambiguous too.
-    logits = torch.log(torch.tensor([0.55, 0.44, 0.01, 0.01 * (1 + 1e-9)], dtype=torch.float64))
-    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.545)
-    ref = assert_matches_hf(logits, params)
+    # Tokens 2 and 3 are near-tied (distinct float32 logits) at the k-th value. The reference keeps tokens 0, 1, 3
+    # (mass 1.0): token 1's cumulative mass 0.45 <= the cut 0.455, removed; a device that also keeps token 2 sees
+    # 0.4554 > 0.455 and keeps it. So token 1 is ambiguous too; token 3 (cumulative 0.01) is removed either way.
+    logits = torch.log(torch.tensor([0.55, 0.44, 0.01, 0.01 * (1 + 3e-6)], dtype=torch.float64))
+    ref = reference_distribution(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.545))
     assert ref.support.tolist() == [True, False, False, False]
-    assert ref.ambiguous.tolist() == [False, True, True, True]
+    assert ref.ambiguous.tolist() == [False, True, True, False]
 
 
-def test_greedy_one_hot_and_near_tie() -> None:
+def test_greedy_is_the_first_argmax_and_never_ambiguous() -> None:
     ref = reference_distribution(torch.tensor([0.5, 2.0, 1.0]), SamplingParams(temperature=0.0, top_p=0.1))
     assert ref.is_greedy
     assert ref.probs.tolist() == [0.0, 1.0, 0.0]
-    assert not ref.ambiguous.any()
-    tie = reference_distribution(
-        torch.tensor([2.0, 2.0 + 1e-7, 1.0], dtype=torch.float64), SamplingParams(temperature=0.0)
-    )
-    assert tie.probs.tolist() == [0.0, 1.0, 0.0]
-    assert tie.ambiguous.tolist() == [True, True, False]
+    tie = reference_distribution(torch.tensor([2.0, 1.0, 2.0]), SamplingParams(temperature=0.0))
+    assert tie.probs.tolist() == [1.0, 0.0, 0.0]
+    assert not ref.ambiguous.any() and not tie.ambiguous.any()
 
 
 def test_masked_logits_are_never_support_nor_ambiguous() -> None:
@@ -245,3 +187,27 @@ def test_rejects_bad_input() -> None:
         reference_distribution(torch.tensor([1.0, math.nan]), params)
     with pytest.raises(ValueError):
         reference_distribution(torch.tensor([-math.inf, -math.inf]), params)
+    with pytest.raises(ValueError, match="overflow"):
+        reference_distribution(torch.tensor([1e3, 0.0]), SamplingParams(temperature=1e-37))
+
+
+def test_filtered_distribution_check_sees_one_lost_tail_token_and_a_shifted_probability() -> None:
+    row = torch.tensor([0.0, -25.0, 1.0])  # token 1 carries ~1e-11
+    ref = reference_distribution(row, SamplingParams(temperature=1.0))
+    probs = torch.softmax(row, dim=-1)
+    assert check_filtered_distribution(probs, ref) is None
+    lost = probs.clone()
+    lost[1] = 0.0
+    assert "tokens [1] dropped" in str(check_filtered_distribution(lost, ref))
+    shifted = probs * torch.tensor([1.001, 1.0, 1.0])
+    assert "beyond the bound" in str(check_filtered_distribution(shifted / shifted.sum(), ref))
+
+
+def test_relax_until_testable_turns_off_what_leaves_one_bucket() -> None:
+    row = torch.tensor([3.0, 0.0, 0.0, -1.0])
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=1e-6)
+    assert bucketed_tokens(row, params, 1000) == 1
+    relaxed = relax_until_testable(row, params, 1000)
+    assert (relaxed.top_p, relaxed.top_k) == (1.0, 3) and bucketed_tokens(row, relaxed, 1000) >= 2
+    greedy = SamplingParams(temperature=0.0, top_p=1e-6)
+    assert relax_until_testable(row, greedy, 1000) == greedy

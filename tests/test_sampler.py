@@ -81,6 +81,40 @@ def test_top_k_keeps_every_token_tied_with_the_kth() -> None:
     assert (probs[:4] > 0).all() and (probs[4:] == 0).all()
 
 
+def test_top_k_one_samples_among_tied_maxima() -> None:
+    """HF's top-k keeps every token tied with the k-th value, so top_k = 1 with a positive temperature samples
+    uniformly among tied maxima (it is not greedy). 3000 draws: each tied token is missed with probability
+    (2/3)^3000 < 1e-500."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, -1.0]])
+    params = SamplingParams(temperature=1.0, top_k=1)
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    probs = sampler.filtered_probs(logits, sampler.prepare(_batch([params])))[0]
+    assert torch.equal(probs > 0, torch.tensor([False, True, True, False, True, False]))
+    tokens = _draw(sampler, logits.expand(3000, VOCAB).contiguous(), [params] * 3000)
+    assert set(tokens.tolist()) == {1, 2, 4}
+
+
+def test_top_p_keeps_the_highest_indices_of_a_tie_it_splits() -> None:
+    """probs [0.4, 0.2, 0.2, 0.2], top_p 0.7: HF's ascending sort puts the tied tokens 1, 2, 3 first; their
+    cumulative masses 0.2, 0.4, 0.6 against the cut 1 - 0.7 remove token 1 only (lowest-index-first kept 0, 1, 2)."""
+    logits = torch.tensor([[0.4, 0.2, 0.2, 0.2, 0.0, 0.0]]).log()
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    args = sampler.prepare(_batch([SamplingParams(temperature=1.0, top_p=0.7)]))
+    probs = sampler.filtered_probs(logits, args)[0]
+    assert torch.equal(probs > 0, torch.tensor([True, False, True, True, False, False]))
+
+
+def test_rows_without_top_p_keep_their_tail_next_to_top_p_rows() -> None:
+    """Class 3: a batch-mate's top-p must not truncate a row without top-p, whose tail here carries ~1e-9..1e-13
+    each (a float32 "mass above" reaches 1.0 long before it)."""
+    logits = torch.tensor([[0.0, -21.0, -24.0, -27.0, -30.0, -2.0], [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]])
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.5)]
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    probs = sampler.filtered_probs(logits, sampler.prepare(_batch(params)))
+    assert bool((probs[0] > 0).all())
+    assert int((probs[1] > 0).sum()) == 3
+
+
 def test_seeded_requests_reproduce_and_differ_by_seed() -> None:
     logits = torch.randn(4, 200, generator=torch.Generator().manual_seed(0))
     logits[1] = logits[0]

@@ -50,6 +50,8 @@ _SAMPLER_TESTS = "tests/test_sampler.py"
 _KV_TESTS = "tests/test_kvcache.py"
 _FINISH_PATHS = f"{_KV_TESTS}::test_every_finish_path_gives_back_its_pages_reservation_and_row"
 _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
+_EXACT = "properties/test_sampling_exact.py"
+_GPU_SAMPLING = "properties/test_gpu_sampler_distribution.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -260,6 +262,63 @@ MUTANTS: dict[str, Mutant] = {
             c.graph_logits_alias,
             (_STEP_OUTPUTS,),
             (_STEP_OUTPUTS,),
+            device="cuda",
+        ),
+        # ---- sampler: ties and filter order (issue #11, classes 1, 3 and 6, and HF's tie rules) ----
+        Mutant(
+            "min_p_before_top_p",
+            "min-p runs before top-p, so top-p cuts a distribution renormalized over min-p's survivors (HF: after)",
+            "issue #11 class 1: no property drew logits where the two orders differ (HF applies min-p last, "
+            "generation/utils.py _get_logits_processor)",
+            c.min_p_before_top_p,
+            (_EXACT, _SAMPLING),
+            (_EXACT,),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "top_p_off_rows_truncated",
+            "rows without top-p in a batch where others use it get the cut at p = 1: tail tokens whose float32 "
+            "mass above reaches 1.0 are dropped",
+            "issue #11 class 3: this engine's fp32 cumulative-mass bug, whose guard no test could see (the lost "
+            "tokens carry too little mass for chi-square)",
+            c.top_p_off_rows_truncated,
+            (_EXACT, _SAMPLER_TESTS),
+            (_EXACT,),
+        ),
+        Mutant(
+            "top_p_ties_lowest_index",
+            "of exact ties that the top-p cut splits, the lowest indices stay (HF's ascending sort keeps the highest)",
+            "issue #11: this engine and its oracle until then (a descending stable sort)",
+            c.top_p_ties_lowest_index,
+            (_EXACT, _SAMPLER_TESTS),
+            (_EXACT,),
+        ),
+        Mutant(
+            "top_k_one_is_greedy",
+            "top_k = 1 is treated as greedy (argmax), where HF keeps every tied maximum and samples among them",
+            "issue #11: this engine until then (SamplingParams.is_greedy was temperature == 0 or top_k == 1)",
+            c.top_k_one_is_greedy,
+            (_EXACT, _SAMPLER_TESTS),
+            (_EXACT,),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "top_k_drops_ties",
+            "top-k keeps exactly k tokens (the first k of a sort), dropping tokens tied with the k-th value beyond k",
+            "top-k through topk(k).indices, as index-based implementations do; HF keeps every tie with the k-th",
+            c.top_k_drops_ties,
+            (_EXACT, _SAMPLER_TESTS),
+            (_EXACT,),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "flashinfer_joint_order",
+            "FlashInfer draws with filter_apply_order=\"joint\" (top-k and top-p on the original distribution) "
+            "instead of top_k_first (HF: top-p on the distribution renormalized after top-k)",
+            "issue #11 class 6; vllm-project/vllm#1885 (top-p before top-k) is the same bug class on the torch path",
+            c.flashinfer_joint_order,
+            (_GPU_SAMPLING,),
+            (f"{_GPU_SAMPLING}::test_flashinfer_follows_top_k_first_where_joint_differs",),
             device="cuda",
         ),
     )

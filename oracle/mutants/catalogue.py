@@ -36,6 +36,7 @@ Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
 _ORIGINAL_FILTERED_PROBS = Sampler.filtered_probs
 _ORIGINAL_PREPARE = Sampler.prepare
+_ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
 _ORIGINAL_STORE_KV = KVCachePool.store_kv
 _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
 _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
@@ -67,18 +68,29 @@ def _no_temperature(args: BatchSamplingArgs) -> torch.Tensor:
 # ---- sampler ------------------------------------------------------------------------------------------------
 
 
-def _top_p_inclusive(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-    """Top-p with the token's own mass counted: the token that crosses p is dropped (nucleus one token short)."""
+def _descending_top_p(
+    self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs, own_mass: bool, off_rows: bool
+) -> torch.Tensor:
+    """Top-p on a stable descending sort after temperature and top-k (min-p after it): a token is dropped once the
+    mass above it (plus its own with own_mass) reaches p. off_rows=False leaves rows with top_p = 1 alone; True gives
+    them the cut as well, at p = 1."""
     if args.top_p is None:
         return _ORIGINAL_FILTERED_PROBS(self, logits, args)
     probs = _ORIGINAL_FILTERED_PROBS(self, logits, _only(args, top_p=None, min_p=None))
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    drop_sorted = sorted_probs.cumsum(dim=-1) >= args.top_p.unsqueeze(1)  # the bug: inclusive cumsum
-    drop_sorted &= (args.top_p < 1.0).unsqueeze(1)  # rows without top-p stay unfiltered, as in the engine
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    cumulative = sorted_probs.cumsum(dim=-1)
+    drop_sorted = (cumulative if own_mass else cumulative - sorted_probs) >= args.top_p.unsqueeze(1)
+    if not off_rows:
+        drop_sorted &= (args.top_p < 1.0).unsqueeze(1)
     drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
     kept = probs.log().masked_fill(drop, float("-inf"))
     return _ORIGINAL_FILTERED_PROBS(self, kept, _only(args, temperature=_no_temperature(args), top_k=None, top_p=None))
+
+
+def _top_p_inclusive(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """Top-p with the token's own mass counted: the token that crosses p is dropped (nucleus one token short)."""
+    return _descending_top_p(self, logits, args, own_mass=True, off_rows=False)
 
 
 def _top_k_after_top_p(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -117,6 +129,71 @@ def _prepare_seeds_dropped(self: Sampler, batch: Batch) -> BatchSamplingArgs:
     """Per-request seeds are dropped: every row draws its noise from the engine-wide generator."""
     args = _ORIGINAL_PREPARE(self, batch)
     return _only(args, row_seeds=[None] * len(args.row_seeds))
+
+
+# ---- sampler: ties and filter order ---------------------------------------------------------------------------
+
+
+def _top_p_lowest_index_ties(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """The old rule: a descending stable sort, so of the ties top-p splits the lowest indices stay (HF: highest)."""
+    return _descending_top_p(self, logits, args, own_mass=False, off_rows=False)
+
+
+def _top_p_off_rows_truncated(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """Rows without top-p get the batch's descending cut at p = 1: where the float32 mass above reaches 1.0, their
+    tail tokens are dropped (the fp32 cumulative-mass bug, guard removed)."""
+    return _descending_top_p(self, logits, args, own_mass=False, off_rows=True)
+
+
+def _min_p_before_top_p(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """Min-p runs before top-p: top-p then sees a distribution renormalized over min-p's survivors and cuts earlier."""
+    if args.top_p is None or args.min_p is None:
+        return _ORIGINAL_FILTERED_PROBS(self, logits, args)
+    # The survivors' own logits (not their probabilities) go on, so top-p still orders them by score.
+    survivors = _ORIGINAL_FILTERED_PROBS(self, logits, _only(args, top_p=None))
+    kept = logits.masked_fill(survivors == 0, float("-inf"))
+    return _ORIGINAL_FILTERED_PROBS(self, kept, _only(args, top_k=None, min_p=None))
+
+
+def _top_k_exactly_k(self: Sampler, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """Top-k keeps exactly k tokens (the first k of a sort): tokens tied with the k-th value beyond k are dropped."""
+    if args.top_k is None:
+        return _ORIGINAL_FILTERED_PROBS(self, logits, args)
+    ranks = (logits / args.temperature.unsqueeze(1)).argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    return _ORIGINAL_FILTERED_PROBS(
+        self, logits.masked_fill(ranks >= args.top_k.unsqueeze(1), float("-inf")), _only(args, top_k=None)
+    )
+
+
+def _prepare_top_k_one_greedy(self: Sampler, batch: Batch) -> BatchSamplingArgs:
+    """Rows with top_k = 1 are treated as greedy: the argmax, where HF samples among tied maxima."""
+    args = _ORIGINAL_PREPARE(self, batch)
+    top_k_one = torch.tensor([r.sampling_params.top_k == 1 for r in batch.reqs], device=args.greedy.device)
+    greedy = args.greedy | top_k_one
+    return _only(args, greedy=greedy, all_greedy=bool(greedy.all()))
+
+
+class _JointOrder:
+    """FlashInfer's sampling module, with top_k_top_p_sampling_from_probs forced to filter_apply_order="joint"."""
+
+    def __init__(self, fi: Any) -> None:
+        self._fi = fi
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fi, name)
+
+    def top_k_top_p_sampling_from_probs(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._fi.top_k_top_p_sampling_from_probs(*args, **{**kwargs, "filter_apply_order": "joint"})
+
+
+def _flashinfer_draw_joint(self: Sampler, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    """FlashInfer draws with top-k and top-p both on the original distribution (joint), not top-k first."""
+    fi = self._fi
+    self._fi = _JointOrder(fi)
+    try:
+        return _ORIGINAL_FLASHINFER_DRAW(self, probs, args)
+    finally:
+        self._fi = fi
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -385,3 +462,30 @@ def logits_alias_buffer() -> contextlib.AbstractContextManager[None]:
 
 def graph_logits_alias() -> contextlib.AbstractContextManager[None]:
     return _swap(GraphRunner, "replay", _replay_hands_out_static_output)
+
+
+# ---- the patches: sampler ties and filter order --------------------------------------------------------------
+
+
+def top_p_ties_lowest_index() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "filtered_probs", _top_p_lowest_index_ties)
+
+
+def top_p_off_rows_truncated() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "filtered_probs", _top_p_off_rows_truncated)
+
+
+def min_p_before_top_p() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "filtered_probs", _min_p_before_top_p)
+
+
+def top_k_drops_ties() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "filtered_probs", _top_k_exactly_k)
+
+
+def top_k_one_is_greedy() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "prepare", _prepare_top_k_one_greedy)
+
+
+def flashinfer_joint_order() -> contextlib.AbstractContextManager[None]:
+    return _swap(Sampler, "flashinfer_draw", _flashinfer_draw_joint)

@@ -12,8 +12,9 @@ import torch
 
 from engine import Batch, Engine, Req, SamplingParams
 
+from ..checks import bucketed_tokens
 from ..sampler import reference_distribution
-from ..stats import MIN_EXPECTED, ChiSquareResult, SupportResult, chi_square_gof, power, support_check
+from ..stats import ChiSquareResult, SupportResult, chi_square_gof, power, support_check
 from .plan import Plan, describe, sampling_params
 from .result import Check, Figure
 
@@ -51,14 +52,6 @@ def chi_square_check(name: str, chi: ChiSquareResult) -> Check:
 def support_check_of(name: str, support: SupportResult) -> Check:
     bad = float(len(support.outside) + len(support.missing))
     return Check.measured(SECTION, f"support: {name}", bad, 0.0, "==", support.message())
-
-
-def bucketed_tokens(row: torch.Tensor, params: SamplingParams, n: int) -> int:
-    """Tokens of the reference distribution that get a chi-square bucket of their own with n draws: clear (not
-    ambiguous) ones with an expected count >= MIN_EXPECTED. Two or more leave at least two buckets."""
-    ref = reference_distribution(row, params)
-    clear = ~ref.ambiguous & (ref.probs > 0)
-    return int((clear & (ref.probs * n >= MIN_EXPECTED)).sum())
 
 
 @dataclass(frozen=True)
