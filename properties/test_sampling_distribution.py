@@ -15,14 +15,11 @@ checked exactly, token by token, by properties/test_sampling_exact.py.
 α: every check runs at oracle.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
 every statistical check the active profile can run (8.5e-7 per check under `ci`: 585 checks).
 
-Sample sizes, with the power of the chi-square test (oracle.stats.power at α = 8.5e-7) against Cohen's effect
-size w:
-
-* synthetic logits, N_SYNTHETIC = 8000 draws per row, vocab 2..24 (df <= 23): power >= 0.96 against w = 0.1.
-* tiny-model logits (vocab 512), N_MODEL = 4000 draws per row: power >= 0.9 against w = 0.1 for df <= 1, against
-  w = 0.15 for df <= 50 and against w = 0.2 for df <= 100. The df is the number of tokens with expected count >= 5
-  (bins below are pooled): small for peaked rows, a few hundred for hot ones, where only gross errors show (a
-  dropped or added token of real mass, a wrong filter order); the synthetic test carries the fine-grained power.
+Sample sizes and power: every sampled row gets oracle.budget.CHI_SQUARE_DRAWS = 12,000 draws (N_SYNTHETIC, N_MODEL),
+and a chi-square keeps at most 32 buckets (df <= 31, oracle.stats.MAX_BUCKETS), so at α = 8.5e-7 each row's test
+detects Cohen's w >= 0.091 with power 0.99 under `ci` (w >= 0.095 at `deep`'s α of 5.3e-8): oracle.budget.detectable_w,
+checked by tests/test_budget.py. Synthetic rows have vocab 2..24; tiny-model rows vocab 512, whose small tail tokens
+are pooled (a support error there, of any mass, is test_sampling_exact's to find).
 
 SmolLM2 is not sampled here: one draw of a 49152-token row costs ~30 ms on the CI CPU (two full sorts), so a
 budget of seconds buys too few draws for a test with power, and the sampler's code path does not depend on the
@@ -41,6 +38,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -59,8 +57,9 @@ from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, place
 from oracle.strategies import RequestSpec, batches, logits_batches, requests, sampling_params, seeds
 from oracle.target import Target
 
-N_SYNTHETIC = 8000
-N_MODEL = 4000
+N_SYNTHETIC = SAMPLING_SYNTHETIC.draws
+N_MODEL = SAMPLING_MODEL.draws
+COPIES_PER_CALL = 1000  # model rows are drawn in calls of this many copies of the batch (bounded memory)
 
 
 def assert_rows_follow_reference(
@@ -77,6 +76,7 @@ def assert_rows_follow_reference(
         assert not failures, f"row {row} of {len(params)}, {p}:\n" + "\n".join(failures)
 
 
+@pytest.mark.statistical
 @settings(max_examples=SAMPLING_SYNTHETIC.examples)
 @given(data=st.data())
 def test_sampler_matches_reference_on_synthetic_logits(data: st.DataObject, target: Target) -> None:
@@ -107,8 +107,11 @@ def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler
     for row, req in enumerate(reqs):
         if req.sampling_params.seed is None:
             req.sampling_params = relax_until_testable(logits[row], req.sampling_params, n)
+    copies = engine.sampler.prepare(Batch(reqs * COPIES_PER_CALL, "prefill"))
+    repeated = out.logits.repeat(COPIES_PER_CALL, 1)
+    calls = -(-n // COPIES_PER_CALL)
+    draws = torch.cat([engine.sampler.sample(repeated, copies).cpu().view(COPIES_PER_CALL, -1) for _ in range(calls)])[:n]
     args = engine.sampler.prepare(batch)
-    draws = torch.stack([engine.sampler.sample(out.logits, args).cpu() for _ in range(n)])
     params = [r.sampling_params for r in reqs]
     for row, p in enumerate(params):
         if p.seed is not None and not p.is_greedy:
@@ -118,6 +121,7 @@ def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler
     assert_rows_follow_reference(draws[:, unseeded], logits[unseeded], [params[r] for r in unseeded], on_probs)
 
 
+@pytest.mark.statistical
 @settings(max_examples=SAMPLING_MODEL.examples)
 @given(data=st.data())
 def test_sampler_matches_reference_on_tiny_model_logits(

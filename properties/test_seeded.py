@@ -14,15 +14,15 @@
   P(identical) = prod_t sum_i p_t[i]^2. The test fails only if the outputs are identical and that probability is
   below oracle.budget.STAT_ALPHA (it is one of the budgeted statistical checks). An example is decisive when that
   probability is below α, so that seeds which changed nothing would fail it; at least 80% must be (floor).
-* Draws along positions are independent: one seeded request's logits row is sampled at POSITION_DRAWS = 1000
+* Draws along positions are independent: one seeded request's logits row is sampled at POSITION_DRAWS = 12,000
   successive positions (its device_len at successive decode steps), which a correct sampler draws as independent
   samples of one distribution. Three checks at STAT_ALPHA (oracle.budget.SEEDED_POSITIONS): the support check and
-  the chi-square of the 1000 draws against oracle.sampler's reference (which detect Cohen's w >= 0.31 with power
-  0.99 at df <= 31, the most a chi-square keeps: oracle.stats.detectable_effect at α = 8.5e-7 under `ci`), and the
-  repeats test: of the 500 disjoint pairs of successive draws, the number of equal ones is Binomial(500, s) with
+  the chi-square of the draws against oracle.sampler's reference (which detect Cohen's w >= 0.091 with power 0.99
+  at df <= 31, the most a chi-square keeps: oracle.budget.detectable_w at α = 8.5e-7 under `ci`), and the repeats
+  test: of the 6,000 disjoint pairs of successive draws, the number of equal ones is Binomial(6000, s) with
   s = sum_i q_i^2 over the engine's own filtered distribution q, and too many fail (oracle.stats.repeats_p_value).
-  Noise that does not move with the position (every draw equal) fails the repeats test whenever s^500 < α, i.e.
-  s < 0.972; such examples count as decisive, and at least 80% must be (floor).
+  Noise that does not move with the position (every draw equal) fails the repeats test whenever s^6000 < α, i.e.
+  s < 0.9977; such examples count as decisive, and at least 80% must be (floor).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from oracle.strategies import (
 )
 from oracle.target import Target
 
-POSITION_DRAWS = 1000  # even: the repeats test pairs draws (0, 1), (2, 3), ...
+POSITION_DRAWS = SEEDED_POSITIONS.draws  # even: the repeats test pairs draws (0, 1), (2, 3), ...
 
 
 @settings(max_examples=examples(1.2))
