@@ -110,7 +110,8 @@ def sample_model_batch(engine: Engine, specs: list[RequestSpec], n: int, sampler
     copies = engine.sampler.prepare(Batch(reqs * COPIES_PER_CALL, "prefill"))
     repeated = out.logits.repeat(COPIES_PER_CALL, 1)
     calls = -(-n // COPIES_PER_CALL)
-    draws = torch.cat([engine.sampler.sample(repeated, copies).cpu().view(COPIES_PER_CALL, -1) for _ in range(calls)])[:n]
+    draws = torch.cat([engine.sampler.sample(repeated, copies).cpu().view(COPIES_PER_CALL, -1) for _ in range(calls)])
+    draws = draws[:n]
     args = engine.sampler.prepare(batch)
     params = [r.sampling_params for r in reqs]
     for row, p in enumerate(params):
