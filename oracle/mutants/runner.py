@@ -43,7 +43,9 @@ class RunResult:
 
 
 def pytest_command(targets: Sequence[str], fast: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-p", "oracle.mutants.plugin", "-p", "no:cacheprovider", "-q"]
+    # The harness plugin by name too: a checkout that is not pip-installed has no entry point for it.
+    cmd = [sys.executable, "-m", "pytest", "-p", "oracle.pytest_plugin", "-p", "oracle.mutants.plugin", "-q"]
+    cmd += ["-p", "no:cacheprovider"]
     if fast:
         cmd.append("-x")  # the first failure is the kill; the rest would only cost time
     return [*cmd, *targets]
