@@ -102,12 +102,23 @@ def _none(vocab: int) -> torch.Tensor:
     return torch.zeros(vocab, dtype=torch.bool)
 
 
-def _tie_groups_split(probs: torch.Tensor, kept: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Candidates whose probability equals that of a candidate on the other side of the kept/removed split."""
+def _near_any(values: torch.Tensor, pool: torch.Tensor, tol: float) -> torch.Tensor:
+    """values[i] within ``tol`` (relative) of some element of pool: another device's softmax may make them equal."""
+    if pool.numel() == 0:
+        return torch.zeros(values.shape, dtype=torch.bool)
+    ordered = torch.sort(pool).values
+    at = torch.searchsorted(ordered, values)
+    below = ordered[(at - 1).clamp(min=0)]
+    above = ordered[at.clamp(max=ordered.numel() - 1)]
+    gap = torch.minimum((values - below).abs(), (values - above).abs())
+    return gap <= tol * values.abs()
+
+
+def _tie_groups_split(probs: torch.Tensor, kept: torch.Tensor, candidates: torch.Tensor, tol: float) -> torch.Tensor:
+    """Candidates whose probability (near-)equals that of candidates on both sides of the kept/removed split."""
     kept_values = probs[candidates & kept]
     removed_values = probs[candidates & ~kept]
-    both = torch.isin(probs, kept_values) & torch.isin(probs, removed_values)
-    return candidates & both
+    return candidates & _near_any(probs, kept_values, tol) & _near_any(probs, removed_values, tol)
 
 
 def _top_k(
@@ -124,8 +135,9 @@ def _top_k(
     amb = (row < kth_logit) & _near(scores, kth.item(), tol)
     probs = torch.softmax(scores, dim=-1)
     p_kth = probs[scores == kth][0]
-    overfull = int((probs > p_kth).sum()) + int((probs == p_kth).sum()) > k
-    ties = (probs == p_kth) & torch.isfinite(scores) if overfull else _none(vocab)
+    tied = _near(probs, p_kth.item(), tol) if p_kth > 0 else probs == p_kth
+    overfull = int((probs > p_kth).sum() - (tied & (probs > p_kth)).sum()) + int(tied.sum()) > k
+    ties = tied & torch.isfinite(scores) if overfull else _none(vocab)
     return keep, amb, ties
 
 
@@ -160,7 +172,7 @@ def _top_p(
     amb_sorted = near_cut | (live & (mixed & ((removed & kept) | at_cut))[group])
     keep = torch.empty_like(remove_sorted).scatter_(0, order, ~remove_sorted)
     amb = torch.empty_like(amb_sorted).scatter_(0, order, amb_sorted)
-    ties = _tie_groups_split(torch.softmax(_masked(scores, mask), dim=-1), keep, mask & torch.isfinite(scores))
+    ties = _tie_groups_split(torch.softmax(_masked(scores, mask), dim=-1), keep, mask & torch.isfinite(scores), tol)
     return keep, amb, ties
 
 

@@ -58,6 +58,7 @@ def draw_counts(row: torch.Tensor, params: SamplingParams, seed: int) -> torch.T
     return counts
 
 
+@pytest.mark.statistical
 @settings(max_examples=EXAMPLES)
 @given(
     row=st.booleans().flatmap(lambda ties: logits_rows(VOCAB, ties=ties)),

@@ -290,8 +290,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.requests_finish_for_their_reason()
         self.tokens_match_oracle()
         reasons = {seq.finish_reason for seq in self.driver.finished.values()}
-        exercised("scheduler machine: a request finished on EOS", "eos" in reasons, 0.55)
-        exercised("scheduler machine: an abort with part of the reservation unmapped", self.aborted_unmapped, 0.4)
+        exercised("scheduler machine: a request finished on EOS", "eos" in reasons, 0.4)
+        exercised("scheduler machine: an abort with part of the reservation unmapped", self.aborted_unmapped, 0.2)
         self.tally.update(f"finished {seq.finish_reason}" for seq in self.driver.finished.values())
         self.tally["runs finishing on EOS"] += "eos" in reasons
         self.tally["runs aborting with an unmapped reservation"] += self.aborted_unmapped

@@ -211,3 +211,12 @@ def test_relax_until_testable_turns_off_what_leaves_one_bucket() -> None:
     assert (relaxed.top_p, relaxed.top_k) == (1.0, 3) and bucketed_tokens(row, relaxed, 1000) >= 2
     greedy = SamplingParams(temperature=0.0, top_p=1e-6)
     assert relax_until_testable(row, greedy, 1000) == greedy
+
+
+def test_probability_ties_include_near_ties_another_softmax_may_merge() -> None:
+    # At T = 1e7 the float32 probabilities differ in their last ulp only: the GPU's softmax rounds them otherwise,
+    # so FlashInfer (which cuts on probabilities) may keep any two; all four are ties for it, none at T = 1.
+    row = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    hot = reference_distribution(row, SamplingParams(temperature=1e7, top_k=2))
+    assert hot.support.tolist() == [True, True, False, False] and bool(hot.prob_ties.all())
+    assert not bool(reference_distribution(row, SamplingParams(temperature=1.0, top_k=2)).prob_ties.any())
