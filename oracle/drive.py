@@ -10,11 +10,12 @@ reuse pages that earlier examples and churn requests filled.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hypothesis import strategies as st
 
 from engine import Engine, Req, SamplingParams
 from engine.driver import Generation, StaticDriver
@@ -104,6 +105,13 @@ class EnginePool:
         for engine in reversed(list(self._engines.values())):  # reversed: each restores the thread count it found
             engine.shutdown()
         self._engines.clear()
+
+
+def draw_engine(data: st.DataObject, tiny_models: Mapping[str, Path], engines: EnginePool) -> tuple[Engine, int]:
+    """The target's engine for a drawn continuous-batching tiny model at a drawn page size, and that page size."""
+    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
+    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
+    return engines.get(tiny_models[arch], page_size), page_size
 
 
 def run_churn(driver: StaticDriver, churn: Sequence[tuple[Sequence[int], bool]]) -> None:

@@ -26,7 +26,7 @@ from engine.driver import PageLayout, StaticDriver
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
 from oracle.coverage import exercised
-from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
+from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, run_requests
 from oracle.strategies import batches, requests, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
 
@@ -36,9 +36,7 @@ from oracle.tolerance import logit_tolerance
 def test_tokens_do_not_depend_on_batch_mates(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
-    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
-    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
-    engine = engines.get(tiny_models[arch], page_size)
+    engine, page_size = draw_engine(data, tiny_models, engines)
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
     target = data.draw(requests(TINY_VOCAB, 40, page_size, greedy), label="target")
     mates = data.draw(

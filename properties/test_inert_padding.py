@@ -32,7 +32,7 @@ from engine.graph import GraphRunner
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
 from oracle.coverage import exercised
-from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, kv_slot_view, place
+from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, kv_slot_view, place
 from oracle.strategies import RequestSpec, batches, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
 
@@ -71,9 +71,7 @@ def fill(view: torch.Tensor, slots: torch.Tensor, seed: int) -> torch.Tensor:
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
 def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
-    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
-    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
-    engine = engines.get(tiny_models[arch], page_size)
+    engine, page_size = draw_engine(data, tiny_models, engines)
     max_req = engine.config.max_running_req
     one_token = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.just(2))
     specs = data.draw(batches(TINY_VOCAB, max_req - 1, 40, page_size, one_token), label="requests")

@@ -25,7 +25,7 @@ from engine import Engine, Req
 from engine.engine import ForwardOutput
 from oracle.budget import examples
 from oracle.coverage import exercised
-from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, place
+from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, place
 from oracle.strategies import batches, sampling_params, seeds
 
 MAX_DECODE_STEPS = 4
@@ -49,9 +49,7 @@ def run_step(engine: Engine, reqs: list[Req], phase: str) -> tuple[ForwardOutput
 def test_a_steps_outputs_survive_later_steps(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
-    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
-    page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
-    engine = engines.get(tiny_models[arch], page_size)
+    engine, page_size = draw_engine(data, tiny_models, engines)
     decode_steps = data.draw(st.integers(2, MAX_DECODE_STEPS), label="decode_steps")
     params = sampling_params(TINY_VOCAB, max_tokens=st.just(decode_steps + 1))
     specs = data.draw(batches(TINY_VOCAB, 4, 32, page_size, params), label="requests")
