@@ -11,7 +11,8 @@ bitwise equal is reported as a Hypothesis event (``--hypothesis-show-statistics`
 
 Bug classes: rows of a batch handed to the wrong requests (a batch sorted by length whose rows come back in that
 order, mutant batch_rows_sorted_by_length), a request reading a mate's KV. Vacuity floor: in at least 90% of
-examples the target shares a forward pass with a mate (there is always one; it may finish before the target joins).
+examples the target shares a forward pass with a mate (the first mate joins with it; 70% of examples had one on the
+H200's `gpu` profile when every mate's join step was drawn).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def test_tokens_do_not_depend_on_batch_mates(
         batches(TINY_VOCAB, 7, 40, page_size, sampling_params(TINY_VOCAB, max_tokens=st.integers(1, 10))),
         label="mates",
     )
-    # Join step of each mate relative to the target's (0): negative joins earlier, positive while it decodes.
-    joins = data.draw(st.lists(st.integers(-2, 3), min_size=len(mates), max_size=len(mates)), label="joins")
+    # Join step of each mate relative to the target's (0): negative joins earlier, positive while it decodes. The
+    # first mate joins with the target, so one always shares its prefill; the others may miss it entirely.
+    others = len(mates) - 1
+    joins = [0] + data.draw(st.lists(st.integers(-2, 3), min_size=others, max_size=others), label="joins")
     sampler_seed = data.draw(seeds, label="sampler_seed")
 
     solo = run_requests(engine, [target], sampler_seed=sampler_seed)[0]
