@@ -5,18 +5,22 @@ too few did fails, so a strategy that drifts into trivial inputs cannot pass in 
 (shown by ``--hypothesis-show-statistics``) and in the running test's tally. The pytest plugin opens a tally around
 every test call; when the test passed and a label has at least ``MIN_OBSERVATIONS`` observations, a share of hits
 below its floor fails the test, naming the label and the share. Outside a tally (a plain script, a REPL) only the
-event is recorded.
+event is recorded. ``$HFPARITY_FLOORS=off`` records without judging: the mutant runs set it, so a kill is always a
+property's own assertion, never a mutant that made examples vacuous.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
+
+FLOORS_ENV = "HFPARITY_FLOORS"
 
 MIN_OBSERVATIONS = 10
 """Below this many observations of a label (e.g. the `dev` profile's 5 examples) its floor is not judged."""
@@ -43,7 +47,9 @@ class Tally:
         share.total += 1
 
     def shortfalls(self, min_observations: int = MIN_OBSERVATIONS) -> list[str]:
-        """One line per label judged and below its floor."""
+        """One line per label judged and below its floor (none with $HFPARITY_FLOORS=off)."""
+        if os.environ.get(FLOORS_ENV, "on") == "off":
+            return []
         return [
             f"{label}: {s.hits}/{s.total} = {s.hits / s.total:.0%} of observations, floor {s.floor:.0%}"
             for label, s in self.shares.items()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle.coverage import MIN_OBSERVATIONS, Tally, exercised, tally
+from oracle.coverage import FLOORS_ENV, MIN_OBSERVATIONS, Tally, exercised, tally
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +24,14 @@ def test_shortfall_is_reported_only_below_the_floor_and_with_enough_observations
     assert t.shortfalls() == [f"batch-mate: {MIN_OBSERVATIONS - 2}/{MIN_OBSERVATIONS} = 80% of observations, floor 90%"]
 
 
+def test_floors_off_records_without_judging(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = Tally()
+    for _ in range(MIN_OBSERVATIONS):
+        t.add("never", False, 0.5)
+    monkeypatch.setenv(FLOORS_ENV, "off")
+    assert t.shortfalls() == [] and t.shares["never"].total == MIN_OBSERVATIONS
+
+
 def test_a_label_keeps_one_floor() -> None:
     with tally(), pytest.raises(ValueError, match="floors"):
         exercised("x", True, 0.5)
@@ -34,6 +42,7 @@ def run_pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedPro
     (tmp_path / "test_it.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     env.pop("HYPOTHESIS_PROFILE", None)
+    env.pop(FLOORS_ENV, None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "oracle.pytest_plugin", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
 

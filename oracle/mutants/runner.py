@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..coverage import FLOORS_ENV
 from . import MUTANTS
 from .plugin import MUTANT_ENV, REPORT_ENV
 
@@ -67,6 +68,7 @@ def run_one(mutant: str | None, job: Job, fast: bool, log_path: Path, timeout: f
     label = mutant or BASELINE
     env = dict(os.environ)
     env.pop(MUTANT_ENV, None)
+    env[FLOORS_ENV] = "off"  # a kill must be a failed assertion, not examples the mutant made vacuous
     if mutant:
         env[MUTANT_ENV] = mutant
     if job.profile:
