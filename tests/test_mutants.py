@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 
 from engine import sample
-from engine.attention import torch_backend
+from engine.attention import flashinfer_backend, torch_backend
 from engine.driver import StaticDriver
 from engine.engine import Engine
 from engine.graph import GraphRunner
@@ -38,6 +38,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     StaticDriver,
     sample,
     GraphRunner,
+    flashinfer_backend,
 )
 
 

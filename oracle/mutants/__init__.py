@@ -321,6 +321,29 @@ MUTANTS: dict[str, Mutant] = {
             (f"{_GPU_SAMPLING}::test_flashinfer_follows_top_k_first_where_joint_differs",),
             device="cuda",
         ),
+        # ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----
+        Mutant(
+            "flashinfer_last_page_len_modulo",
+            "FlashInfer's kv_last_page_len is kv_len % page_size: a last page filled exactly counts as empty, so the "
+            "request attends to one page fewer (every token's own page at page_size 1)",
+            "the paged-KV last-page-length off-by-one of FlashInfer integrations (flashinfer-ai/flashinfer's "
+            "paged_kv_last_page_len must be in [1, page_size])",
+            c.flashinfer_last_page_len_modulo,
+            (_DECODE, _GREEDY),
+            (_DECODE,),
+            device="cuda",
+        ),
+        Mutant(
+            "graph_positions_stale",
+            "a CUDA-graph replay does not copy the batch's positions into the graph's static buffer: every replayed "
+            "decode step uses the positions of an earlier step",
+            "static graph inputs not refreshed before replay (vllm-project/vllm's and sglang's graph runners copy "
+            "every input into the captured buffers; a missed one replays stale values)",
+            c.graph_positions_stale,
+            (_DECODE, _GREEDY),
+            (_DECODE,),
+            device="cuda",
+        ),
     )
 }
 

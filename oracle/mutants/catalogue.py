@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import sample
-from engine.attention import torch_backend
+from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
 from engine.core import Batch, Phase, Req
 from engine.driver import RequestState, StaticDriver
@@ -44,6 +44,7 @@ _ORIGINAL_FINISH = StaticDriver._finish
 _ORIGINAL_STEP_SEED = sample.step_seed
 _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
+_ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
 
 
 @contextlib.contextmanager
@@ -489,3 +490,24 @@ def top_k_one_is_greedy() -> contextlib.AbstractContextManager[None]:
 
 def flashinfer_joint_order() -> contextlib.AbstractContextManager[None]:
     return _swap(Sampler, "flashinfer_draw", _flashinfer_draw_joint)
+
+
+# ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----------------------------------------------
+
+
+def _paged_kv_index_modulo_last_page(reqs: Sequence[Req], page_size: int) -> flashinfer_backend.PagedKVIndex:
+    """kv_last_page_len = kv_len % page_size: a request whose KV fills its last page exactly (always, at page_size 1)
+    attends to one page fewer than it holds."""
+    index = _ORIGINAL_PAGED_KV_INDEX(reqs, page_size)
+    kv_lens = torch.tensor([r.device_len for r in reqs], dtype=torch.int32)
+    return dataclasses.replace(index, kv_last_page_len=kv_lens % page_size)
+
+
+def flashinfer_last_page_len_modulo() -> contextlib.AbstractContextManager[None]:
+    # The backend looks the function up by its module-level name, so rebinding that name is enough.
+    return _swap(flashinfer_backend, "build_paged_kv_index", _paged_kv_index_modulo_last_page)
+
+
+def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
+    return _swap(GraphRunner, "static_inputs", ("input_ids", "out_loc"))
+
