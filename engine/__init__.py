@@ -8,6 +8,7 @@ from .engine import Engine, ForwardOutput
 from .errors import (
     CapacityError,
     ConfigError,
+    EngineBusyError,
     EngineClosedError,
     EngineError,
     InvalidRequestError,
@@ -31,6 +32,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "Engine",
+    "EngineBusyError",
     "EngineClosedError",
     "EngineConfig",
     "EngineError",

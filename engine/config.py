@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
-from .core import is_plain_int, is_plain_number
+from .core import checked_bool, checked_int, checked_real
 from .distributed.info import TPInfo
 from .errors import ConfigError
 from .models.config import ModelConfig
@@ -50,29 +51,40 @@ class EngineConfig:
     num_page_override: int | None = None
 
     def __post_init__(self) -> None:
-        def positive_int(name: str, value: object) -> None:
-            if not is_plain_int(value) or value <= 0:
-                raise ConfigError(f"{name}={value!r} is invalid: use an int >= 1")
+        """Check every field, whether this configuration reads it or not (a bad port fails here, not at TP 2);
+        integers and reals of any kind (NumPy included) are stored as Python ones."""
+
+        def positive_int(name: str, value: object) -> int:
+            return checked_int(ConfigError, name, value, lambda v: v >= 1, "use an int >= 1")
 
         if not isinstance(self.model_path, (str, os.PathLike)):
             raise ConfigError(f"model_path={self.model_path!r} is invalid: pass the model directory as a str or Path")
+        if not isinstance(self.tp_info, TPInfo):
+            raise ConfigError(f"tp_info={self.tp_info!r} is invalid: use TPInfo(rank, size)")
         for name in ("device", "attention_backend", "layer_kernels", "moe_backend", "sampler_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: use a string, e.g. 'auto'")
-        positive_int("page_size", self.page_size)
-        positive_int("max_running_req", self.max_running_req)
-        positive_int("cpu_kv_cache_bytes", self.cpu_kv_cache_bytes)
+        for name in ("page_size", "max_running_req", "cpu_kv_cache_bytes"):
+            setattr(self, name, positive_int(name, getattr(self, name)))
         for name in ("max_seq_len_override", "num_page_override", "cuda_graph_max_bs"):
             if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
+                setattr(self, name, positive_int(name, getattr(self, name)))
         if self.cuda_graph_bs is not None:
             if not isinstance(self.cuda_graph_bs, (list, tuple)):
                 raise ConfigError(f"cuda_graph_bs={self.cuda_graph_bs!r} is invalid: use a list of batch sizes")
-            for bs in self.cuda_graph_bs:
-                positive_int("cuda_graph_bs entry", bs)
-        ratio = self.memory_ratio
-        if not is_plain_number(ratio) or not (0 < ratio <= 1):
-            raise ConfigError(f"memory_ratio={ratio!r} is invalid: use a number in (0, 1]")
+            self.cuda_graph_bs = [positive_int(f"cuda_graph_bs[{i}]", bs) for i, bs in enumerate(self.cuda_graph_bs)]
+        self.memory_ratio = checked_real(
+            ConfigError, "memory_ratio", self.memory_ratio, lambda v: 0 < v <= 1, "use a number in (0, 1]"
+        )
+        self.distributed_timeout = checked_real(
+            ConfigError, "distributed_timeout", self.distributed_timeout, lambda v: 0 < v < math.inf,
+            "use a finite number of seconds > 0",
+        )
+        self.distributed_port = checked_int(
+            ConfigError, "distributed_port", self.distributed_port, lambda v: 1 <= v <= 65535,
+            "use a TCP port in [1, 65535]",
+        )
+        self.use_dummy_weight = checked_bool(ConfigError, "use_dummy_weight", self.use_dummy_weight)
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(DTYPES)}")
         if not isinstance(self.dtype, (str, torch.dtype)):

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import numbers
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import torch
 
-from .errors import InvalidRequestError
+from .errors import EngineError, InvalidRequestError
 
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
@@ -22,14 +23,44 @@ Phase = Literal["prefill", "decode"]
 _FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
-def is_plain_int(x: object) -> TypeGuard[int]:
-    """A Python int, not a bool (True would otherwise pass as 1)."""
-    return isinstance(x, int) and not isinstance(x, bool)
+def is_int(x: object) -> TypeGuard[int]:
+    """An integer of any kind (Python, NumPy), but not a bool: True is not a count, an id or an index."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def is_plain_number(x: object) -> TypeGuard[float]:
-    """A Python int or float, not a bool."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def is_real(x: object) -> TypeGuard[float]:
+    """A real number of any kind (int, float, NumPy scalars, Fraction), but not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def checked_int(
+    error: type[EngineError], name: str, value: object, ok: Callable[[int], bool], hint: str
+) -> int:
+    """value as a Python int if it is an integer for which ok() holds; else error naming the field."""
+    if is_int(value) and ok(int(value)):
+        return int(value)
+    raise error(f"{name}={value!r} is invalid: {hint}")
+
+
+def checked_real(
+    error: type[EngineError], name: str, value: object, ok: Callable[[float], bool], hint: str
+) -> float:
+    """value as a Python float if it is a real number (NaN never passes) for which ok() holds; else error."""
+    if is_real(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float range
+            number = math.nan
+        if not math.isnan(number) and ok(number):
+            return number
+    raise error(f"{name}={value!r} is invalid: {hint}")
+
+
+def checked_bool(error: type[EngineError], name: str, value: object) -> bool:
+    """Only True or False: a string such as "false" would be truthy."""
+    if isinstance(value, bool):
+        return value
+    raise error(f"{name}={value!r} is invalid: use True or False")
 
 
 @dataclass(frozen=True)
@@ -51,32 +82,27 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if not is_plain_number(t) or not math.isfinite(t) or t < 0:
-            raise InvalidRequestError(
-                f"temperature={t!r} is invalid: use a finite number >= 0 (0 means greedy)"
-            )
+        def normalize(name: str, value: object) -> None:  # a NumPy or Fraction value is stored as a Python one
+            object.__setattr__(self, name, value)
+
+        err = InvalidRequestError
+        t = checked_real(err, "temperature", self.temperature, lambda v: math.isfinite(v) and v >= 0,
+                         "use a finite number >= 0 (0 means greedy)")
         if 0 < t < _FLOAT32_TINY:  # the sampler divides float32 logits by it: it would round to 0 or subnormal
-            raise InvalidRequestError(
-                f"temperature={t!r} is invalid: a nonzero temperature must be >= {_FLOAT32_TINY:.4g}; use 0 for greedy"
-            )
-        k = self.top_k
-        if not is_plain_int(k) or k == 0 or k < -1:
-            raise InvalidRequestError(f"top_k={k!r} is invalid: use an int >= 1, or -1 to disable top-k")
-        p = self.top_p
-        if not is_plain_number(p) or not (0 < p <= 1):
-            raise InvalidRequestError(f"top_p={p!r} is invalid: use a number in (0, 1] (1 disables top-p)")
-        m = self.min_p
-        if not is_plain_number(m) or not (0 <= m <= 1):
-            raise InvalidRequestError(f"min_p={m!r} is invalid: use a number in [0, 1] (0 disables min-p)")
-        n = self.max_tokens
-        if not is_plain_int(n) or n <= 0:
-            raise InvalidRequestError(f"max_tokens={n!r} is invalid: use an int >= 1")
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidRequestError(f"ignore_eos={self.ignore_eos!r} is invalid: use True or False")
-        s = self.seed
-        if s is not None and (not is_plain_int(s) or not (0 <= s < 2**63)):
-            raise InvalidRequestError(f"seed={s!r} is invalid: use an int in [0, 2**63) or None")
+            raise err(f"temperature={self.temperature!r} is invalid: a nonzero temperature must be >= "
+                      f"{_FLOAT32_TINY:.4g}; use 0 for greedy")
+        normalize("temperature", t)
+        normalize("top_k", checked_int(err, "top_k", self.top_k, lambda v: v >= 1 or v == -1,
+                                       "use an int >= 1, or -1 to disable top-k"))
+        normalize("top_p", checked_real(err, "top_p", self.top_p, lambda v: 0 < v <= 1,
+                                        "use a number in (0, 1] (1 disables top-p)"))
+        normalize("min_p", checked_real(err, "min_p", self.min_p, lambda v: 0 <= v <= 1,
+                                        "use a number in [0, 1] (0 disables min-p)"))
+        normalize("max_tokens", checked_int(err, "max_tokens", self.max_tokens, lambda v: v >= 1, "use an int >= 1"))
+        normalize("ignore_eos", checked_bool(err, "ignore_eos", self.ignore_eos))
+        if self.seed is not None:
+            normalize("seed", checked_int(err, "seed", self.seed, lambda v: 0 <= v < 2**63,
+                                          "use an int in [0, 2**63) or None"))
 
     @property
     def is_greedy(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -149,3 +150,32 @@ def cpu_threads_for(tp_size: int) -> int | None:
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     return max(1, physical_cores() // tp_size)
+
+
+class ThreadCount:
+    """torch's CPU thread count is one setting per process: the first engine to claim it saves the count it
+    found, and the last one to release it puts that back, whatever order engines shut down in."""
+
+    def __init__(self) -> None:
+        self._holders: set[int] = set()
+        self._saved: int | None = None
+        self._lock = threading.Lock()
+
+    def claim(self, holder: object, threads: int) -> None:
+        with self._lock:
+            if not self._holders:
+                self._saved = torch.get_num_threads()
+            self._holders.add(id(holder))
+            torch.set_num_threads(threads)
+
+    def release(self, holder: object) -> None:
+        with self._lock:
+            if id(holder) not in self._holders:
+                return
+            self._holders.discard(id(holder))
+            if not self._holders and self._saved is not None:
+                torch.set_num_threads(self._saved)
+                self._saved = None
+
+
+CPU_THREADS = ThreadCount()

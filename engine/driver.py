@@ -3,24 +3,29 @@
 It owns page-table rows and KV pages, builds each batch, calls forward_batch, and appends tokens. A request
 reserves pages for its whole life (prompt + max_tokens) when it is added, so a step never runs out of pages
 halfway; which physical pages it gets is decided lazily, by the PageLayout (a prefill maps what it writes, a
-decode step maps up to DECODE_LOOKAHEAD tokens ahead).
+decode step maps up to DECODE_LOOKAHEAD tokens ahead). One driver owns an engine at a time, and serves one
+thread at a time: a second driver is refused while the first has running requests (and, once built, makes the
+first unusable); a call from a second thread meanwhile gets EngineBusyError.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import weakref
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
-from .core import Req, SamplingParams
+from .core import Req, SamplingParams, checked_bool, checked_int, is_int
 from .device import upload
 from .engine import Engine
-from .errors import CapacityError, ConfigError, InvalidRequestError
-from .validate import is_int, prompt_tensor
+from .errors import CapacityError, ConfigError, EngineBusyError, InvalidRequestError, NonFiniteLogitsError
+from .validate import prompt_tensor
 
 LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
 # Tokens of page-table slots a decode step maps beyond the one it needs; each mapping costs a page-table write
@@ -40,6 +45,12 @@ class PageLayout:
 
     kind: LayoutKind = "contiguous"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(LayoutKind):
+            raise ConfigError(f"PageLayout kind={self.kind!r} is invalid: use one of {list(get_args(LayoutKind))}")
+        object.__setattr__(self, "seed", checked_int(ConfigError, "PageLayout seed", self.seed, lambda v: True,
+                                                     "use an int"))
 
 
 class PageAllocator:
@@ -91,6 +102,7 @@ class RequestState:
     chunks: deque[int] = field(default_factory=deque)
     finished: bool = False
     finish_reason: str = ""
+    error: str | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -102,8 +114,19 @@ class Generation:
     uid: int
     prompt_ids: list[int]
     output_ids: list[int]
-    finish_reason: str  # "length" or "eos"
+    finish_reason: str  # "length", "eos", "abort", or "error" (the request could not continue)
     logits: list[torch.Tensor]  # one float32 [vocab] row per generated token, when recorded
+    error: str | None = None  # why, when finish_reason is "error"
+
+
+@dataclass
+class _Admission:
+    """A checked request, ready to take a row and its pages."""
+
+    ids: torch.Tensor
+    params: SamplingParams
+    chunks: tuple[int, ...]
+    pages: int
 
 
 class StaticDriver:
@@ -115,22 +138,72 @@ class StaticDriver:
         max_prefill_tokens: int | None = None,
         eos_token_ids: Collection[int] | None = None,
     ) -> None:
-        """eos_token_ids: the tokens that finish a request not ignoring EOS (default: the model's EOS ids)."""
-        if max_prefill_tokens is not None and (not is_int(max_prefill_tokens) or max_prefill_tokens <= 0):
-            raise ConfigError(f"max_prefill_tokens={max_prefill_tokens!r} is invalid: use an int >= 1 or None")
+        """Take over the engine's page-table rows and KV pages (see the module doc: one driver at a time).
+
+        eos_token_ids: the tokens that finish a request not ignoring EOS (default: the model's EOS ids).
+        """
+        engine.check_open()
+        if layout is not None and not isinstance(layout, PageLayout):
+            raise ConfigError(f"layout={layout!r} is invalid: use a PageLayout or None")
+        if max_prefill_tokens is not None:
+            max_prefill_tokens = checked_int(
+                ConfigError, "max_prefill_tokens", max_prefill_tokens, lambda v: v >= 1, "use an int >= 1 or None"
+            )
+        if eos_token_ids is None:
+            eos: frozenset[int] = frozenset(engine.model_config.eos_token_ids)
+        elif isinstance(eos_token_ids, (str, bytes)) or not isinstance(eos_token_ids, Collection) or not all(
+            is_int(t) for t in eos_token_ids
+        ):
+            raise ConfigError(f"eos_token_ids={eos_token_ids!r} is invalid: use a collection of token ids or None")
+        else:
+            eos = frozenset(int(t) for t in eos_token_ids)
+        self.record_logits = checked_bool(ConfigError, "record_logits", record_logits)
+        previous = engine.owner() if engine.owner is not None else None
+        if previous is not None and previous.running:
+            raise EngineBusyError(
+                f"this engine is driven by another StaticDriver with {len(previous.running)} running request(s) "
+                f"(uids {sorted(previous.running)[:8]}); finish or abort them, or close() it, first"
+            )
         self.engine = engine
         self.page_size = engine.config.page_size
-        self.allocator = PageAllocator(engine.num_pages, layout or PageLayout())
         self.layout = layout or PageLayout()
+        self.allocator = PageAllocator(engine.num_pages, self.layout)
         self.free_rows: deque[int] = deque(range(engine.config.max_running_req))
-        self.record_logits = record_logits
         self.max_prefill_tokens = max_prefill_tokens
-        self.eos_token_ids = frozenset(
-            engine.model_config.eos_token_ids if eos_token_ids is None else (int(t) for t in eos_token_ids)
-        )
+        self.eos_token_ids = eos
         self.running: dict[int, RequestState] = {}
         self.finished: dict[int, RequestState] = {}
         self._next_uid = 0
+        self._busy = threading.RLock()
+        self._retired = ""  # why this driver may no longer be used, once it may not
+        if previous is not None:
+            previous._retired = "a newer StaticDriver took over its engine; use that one"
+        engine.owner = weakref.ref(self)
+        engine.release_rows(range(engine.config.max_running_req))  # every row is this driver's now
+
+    @contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        """Hold the driver for one call; a second thread meanwhile gets EngineBusyError, and nothing changes."""
+        self.engine.check_open()
+        if self._retired:
+            raise EngineBusyError(f"{what}: this StaticDriver cannot be used: {self._retired}")
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError(
+                f"{what}: this StaticDriver is in use by another thread; a driver serves one thread at a time"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        """Abort every running request and give the engine up; the driver cannot be used afterwards."""
+        with self._exclusive("close"):
+            for uid in list(self.running):
+                self._finish(self.running[uid], "abort")
+            self._retired = "it was closed"
+            if self.engine.owner is not None and self.engine.owner() is self:
+                self.engine.owner = None
 
     # ---- request lifecycle -------------------------------------------------------------------------------
     def add(
@@ -140,49 +213,70 @@ class StaticDriver:
 
         Everything is checked before the row and pages are taken, so a rejected request leaks neither.
         """
-        self.engine.check_open()
+        with self._exclusive("add"):
+            admission = self._check(prompt_ids, params, chunk_sizes)
+            if not self.free_rows:
+                raise CapacityError(
+                    f"all {self.engine.config.max_running_req} page-table rows are in use; wait for a request to "
+                    "finish or raise max_running_req"
+                )
+            self.allocator.reserve(admission.pages)
+            return self._admit(admission)
+
+    def _check(self, prompt_ids: object, params: object, chunk_sizes: object, where: str = "") -> _Admission:
+        """Everything about one request that does not depend on what else is running; `where` prefixes errors."""
         if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        ids = prompt_tensor(prompt_ids, self.engine.model_config.vocab_size)
-        total = len(ids) + params.max_tokens
-        if total > self.engine.max_seq_len:
-            raise InvalidRequestError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"max_seq_len={self.engine.max_seq_len}; shorten the prompt or lower max_tokens"
-            )
-        if chunk_sizes and (
-            not all(is_int(c) and c > 0 for c in chunk_sizes) or sum(chunk_sizes) != len(ids)
-        ):
-            raise InvalidRequestError(
-                f"chunk_sizes {list(chunk_sizes)} must be positive ints summing to the prompt length {len(ids)}"
-            )
-        if not self.free_rows:
-            raise CapacityError(
-                f"all {self.engine.config.max_running_req} page-table rows are in use; wait for a request to "
-                "finish or raise max_running_req"
-            )
-        pages = -(-total // self.page_size)
-        self.allocator.reserve(pages)
+            raise InvalidRequestError(f"{where}params must be a SamplingParams, got {type(params).__name__}")
+        try:
+            ids = prompt_tensor(prompt_ids, self.engine.model_config.vocab_size)
+            total = len(ids) + params.max_tokens
+            if total > self.engine.max_seq_len:
+                raise InvalidRequestError(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
+                    f"max_seq_len={self.engine.max_seq_len}; shorten the prompt or lower max_tokens"
+                )
+            if not isinstance(chunk_sizes, (list, tuple)) or (chunk_sizes and (
+                not all(is_int(c) and c > 0 for c in chunk_sizes) or sum(chunk_sizes) != len(ids)
+            )):
+                raise InvalidRequestError(
+                    f"chunk_sizes={chunk_sizes!r} is invalid: use positive ints summing to the prompt length "
+                    f"{len(ids)}, or () for one chunk"
+                )
+            pages = -(-total // self.page_size)
+            if pages > self.allocator.total:
+                self.allocator.reserve(pages)  # raises CapacityError: it can never fit
+        except (InvalidRequestError, CapacityError) as e:
+            if not where:
+                raise
+            raise type(e)(f"{where}{e}") from None
+        return _Admission(ids, params, tuple(int(c) for c in chunk_sizes), pages)
+
+    def _admit(self, admission: _Admission) -> int:
+        """Take a row for a checked request whose pages are reserved."""
         uid = self._next_uid
         self._next_uid += 1
-        req = Req(ids, self.free_rows.popleft(), 0, params.max_tokens, uid, params)
-        self.running[uid] = RequestState(req, reserved_pages=pages, chunks=deque(chunk_sizes))
+        params = admission.params
+        req = Req(admission.ids, self.free_rows.popleft(), 0, params.max_tokens, uid, params)
+        self.running[uid] = RequestState(req, reserved_pages=admission.pages, chunks=deque(admission.chunks))
         return uid
 
-    def _finish(self, seq: RequestState, reason: str) -> None:
+    def _finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:
         seq.finished = True
         seq.finish_reason = reason
+        seq.error = error
         self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
         self.free_rows.appendleft(seq.req.table_idx)
+        self.engine.release_rows([seq.req.table_idx])
         seq.pages = []
         del self.running[seq.req.uid]
         self.finished[seq.req.uid] = seq
 
     def abort(self, uid: int) -> None:
         """Drop a running request and give its row and pages back."""
-        if uid not in self.running:
-            raise InvalidRequestError(f"uid {uid!r} is not a running request")
-        self._finish(self.running[uid], "abort")
+        with self._exclusive("abort"):
+            if uid not in self.running:
+                raise InvalidRequestError(f"uid {uid!r} is not a running request")
+            self._finish(self.running[uid], "abort")
 
     # ---- pages ----------------------------------------------------------------------------------------------
     def _grow(self, seq: RequestState, upto: int, writes: list[tuple[int, int, int]]) -> bool:
@@ -245,13 +339,26 @@ class StaticDriver:
     def step(self) -> dict[int, int]:
         """Run one forward pass (prefill of new requests first, else decode); returns {uid: new token}.
 
-        If the pass fails (an error in the model, NonFiniteLogitsError, ...), the requests are left as they were,
-        so step() can run again (after abort() of the requests a NonFiniteLogitsError names).
+        A request whose logits have no token to sample (NonFiniteLogitsError) finishes with finish_reason
+        "error", and the pass runs again for the others, who get exactly the tokens they would have got without
+        it. If the pass fails otherwise (an error in the model, ...), the requests are left as they were, so
+        step() can run again.
         """
-        self.engine.check_open()
+        with self._exclusive("step"):
+            while True:
+                try:
+                    return self._restoring_step()
+                except NonFiniteLogitsError as e:
+                    stuck = [uid for uid in e.uids if uid in self.running]
+                    if not stuck:
+                        raise
+                    for uid in stuck:
+                        self._finish(self.running[uid], "error", str(e))
+
+    def _restoring_step(self) -> dict[int, int]:
         saved = [(seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in self.running.values()]
         try:
-            return self._step()
+            return self._forward_step()
         except BaseException:
             for seq, cached_len, device_len, chunks in saved:
                 if seq.req.cached_len == cached_len:  # the forward pass did not complete for it
@@ -259,7 +366,7 @@ class StaticDriver:
                     seq.chunks = deque(chunks)
             raise
 
-    def _step(self) -> dict[int, int]:
+    def _forward_step(self) -> dict[int, int]:
         targets = self._prefill_targets()
         phase = "prefill" if targets else "decode"
         if targets:
@@ -298,8 +405,9 @@ class StaticDriver:
         return produced
 
     def run(self) -> None:
-        while self.running:
-            self.step()
+        with self._exclusive("run"):
+            while self.running:
+                self.step()
 
     def result(self, uid: int) -> Generation:
         if uid not in self.finished:
@@ -308,25 +416,44 @@ class StaticDriver:
         seq = self.finished[uid]
         n_out = len(seq.output_ids)
         prompt = seq.req.input_ids[: len(seq.req.input_ids) - n_out].tolist()
-        return Generation(uid, prompt, list(seq.output_ids), seq.finish_reason, seq.logits)
+        return Generation(uid, prompt, list(seq.output_ids), seq.finish_reason, seq.logits, seq.error)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
-        """Run every prompt to completion, admitting requests as rows and pages free up."""
-        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(plist) != len(prompts):
-            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        pending = deque(zip(prompts, plist))
-        uids: list[int] = []
-        while pending or self.running:
-            while pending:
-                try:
-                    uids.append(self.add(*pending[0]))
-                except CapacityError:
-                    if not self.running:
-                        raise  # it can never fit, even with everything else finished
-                    break
-                pending.popleft()
-            self.step()
-        return [self.result(u) for u in uids]
+        """Run every prompt to completion, admitting requests as rows and pages free up; results in order.
+
+        Admission is atomic: every prompt is checked first, so a bad one is refused (its index named) before any
+        is admitted. A request that cannot continue comes back with finish_reason "error". If a step raises
+        anyway, the requests of this call are dropped (rows and pages returned) before the error propagates.
+        """
+        with self._exclusive("generate"):
+            if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+                raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+            if isinstance(params, SamplingParams):
+                plist: list[object] = [params] * len(prompts)
+            elif isinstance(params, (list, tuple)):
+                plist = list(params)
+            else:
+                raise InvalidRequestError(
+                    f"params must be a SamplingParams or a list of them, got {type(params).__name__}"
+                )
+            if len(plist) != len(prompts):
+                raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+            pending = deque(self._check(p, sp, (), f"prompt {i}: ") for i, (p, sp) in enumerate(zip(prompts, plist)))
+            uids: list[int] = []
+            first_uid = self._next_uid
+            try:
+                while pending or self.running:
+                    while pending and self.free_rows and self.allocator.available >= pending[0].pages:
+                        self.allocator.reserve(pending[0].pages)
+                        uids.append(self._admit(pending.popleft()))
+                    self.step()
+            except BaseException:
+                for uid in uids:
+                    if uid in self.running:
+                        self._finish(self.running[uid], "abort")
+                    self.finished.pop(uid, None)
+                self._next_uid = first_uid
+                raise
+            return [self.result(u) for u in uids]

@@ -9,19 +9,22 @@ before the first allocation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 
 from .attention import ATTENTION_BACKENDS, create_backend
 from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
-from .device import Event, cpu_threads_for, make_device, resolve_device
+from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import install_all_reduce, shard_config, shard_tensor
-from .errors import ConfigError, EngineClosedError
+from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .kvcache import KVCachePool, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, install_kernels
@@ -44,7 +47,12 @@ class Engine:
     def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
         self.config = config
         self._closed = False
-        self._saved_threads: int | None = None
+        self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter
+        # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: a batch may not write
+        # over them until the row is released (release_rows) or a new request at cached_len 0 takes the row.
+        self.live_rows: dict[int, tuple[int, int]] = {}
+        # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py.
+        self.owner: Any = None
         # 1. TP info
         self.tp_info = config.tp_info
         model_config = config.model_config  # parse early: a bad model dir fails before anything is allocated
@@ -164,8 +172,7 @@ class Engine:
         # 11. CPU threads last: a constructor that fails earlier leaves the process's thread count alone
         threads = cpu_threads_for(self.tp_info.size) if torch_device.type == "cpu" else None
         if threads is not None:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(threads)
+            CPU_THREADS.claim(self, threads)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -175,20 +182,36 @@ class Engine:
         if self._closed:
             raise EngineClosedError("this Engine was shut down; build a new Engine")
 
+    @contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """Hold the engine for one call; a call from a second thread meanwhile is refused, not interleaved."""
+        if not self._busy.acquire(blocking=False):
+            raise EngineBusyError(f"{what}: the engine is in use by another thread; an Engine serves one at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def release_rows(self, rows: Iterable[int]) -> None:
+        """Declare the KV of these page-table rows dead: their slots may be written by other rows again."""
+        for row in rows:
+            self.live_rows.pop(row, None)
+
     def prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
         """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args.
 
         The page table rows of every request must already hold slots for [0, device_len).
         """
         self.check_open()
-        validate_batch(self, reqs, phase)
-        self._wait_for_caller()
-        with self.device.stream_context():
-            layout = build_layout(self, reqs)
-            batch, args = self._prepare_batch(reqs, phase, layout)
-            # The slot checks ran on the device while the rest was built; nothing was written yet.
-            check_slots(self, reqs, layout)
-        return batch, args
+        with self.exclusive("prepare_batch"):
+            validate_batch(self, reqs, phase)
+            self._wait_for_caller()
+            with self.device.stream_context():
+                layout = build_layout(self, reqs)
+                batch, args = self._prepare_batch(reqs, phase, layout)
+                # The slot checks ran on the device while the rest was built; nothing was written yet.
+                check_slots(self, reqs, layout)
+            return batch, args
 
     def _wait_for_caller(self) -> None:
         """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
@@ -210,10 +233,14 @@ class Engine:
         self.attn_backend.prepare_metadata(batch)
         return batch, self.sampler.prepare(batch)
 
-    @torch.inference_mode()
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
-        check_fresh(batch)
+        with self.exclusive("forward_batch"):
+            check_fresh(batch, args)
+            return self._forward_batch(batch, args)
+
+    @torch.inference_mode()
+    def _forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self._wait_for_caller()
         with self.device.stream_context():
             with self.ctx.forward_batch(batch):
@@ -239,6 +266,7 @@ class Engine:
             # they were, and the batch can run again.
             for req in batch.reqs:
                 req.complete_one()
+                self.live_rows[req.table_idx] = (req.cached_len, req.uid)
             next_tokens_cpu = host[: batch.size]
         return ForwardOutput(next_tokens, next_tokens_cpu, event, logits)
 
@@ -249,8 +277,7 @@ class Engine:
         self._closed = True
         self.graph_runner.destroy()
         self.comm.destroy()
-        if self._saved_threads is not None:
-            torch.set_num_threads(self._saved_threads)
+        CPU_THREADS.release(self)
         del self.model, self.kv_cache, self.page_table, self.attn_backend, self.ctx
         if self.device.is_cuda:
             torch.cuda.empty_cache()

@@ -27,6 +27,10 @@ class EngineClosedError(EngineError):
     """The engine was used after shutdown()."""
 
 
+class EngineBusyError(EngineError):
+    """The engine or driver is in use by another thread, or by another StaticDriver; nothing was done."""
+
+
 class NonFiniteLogitsError(EngineError):
     """Some rows of a batch have no token to sample: NaN or +inf logits, every logit -inf, or a temperature so
     small that logits / temperature overflows float32.

@@ -7,24 +7,19 @@ forward_batch; prompt_tensor guards the driver's add(); check_memory runs before
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from .core import Batch, Phase, Req, SamplingParams
+from .core import Batch, Phase, Req, SamplingParams, is_int
 from .device import upload
 from .errors import CapacityError, InvalidRequestError
+from .sample import BatchSamplingArgs
 
 if TYPE_CHECKING:
     from .engine import Engine
-
-
-def is_int(x: object) -> bool:
-    """A real integer: Python or NumPy ints, but not bool (True is not a token id or an index)."""
-    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
 
 
 @dataclass
@@ -39,6 +34,7 @@ class BatchLayout:
     positions: torch.Tensor  # int64 [tokens], device: their positions, which are also their page-table columns
     out_loc: torch.Tensor  # int32 [tokens], device: the KV slots they write
     flags: torch.Tensor | None  # bool [2], device: a slot out of range; a slot written twice or over cached KV
+    others: list[int]  # live page-table rows outside the batch, whose cached KV the batch may not overwrite
 
 
 def validate_batch(engine: Engine, reqs: Sequence[Req], phase: Phase) -> None:
@@ -135,11 +131,17 @@ def build_layout(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
         first = torch.repeat_interleave(torch.tensor(cached) - (torch.cumsum(ext, 0) - ext), ext)
         positions = torch.arange(len(token_req)) + first
     t = len(ids)
-    host = torch.cat([torch.tensor([r.table_idx for r in reqs] + cached + device), token_req, positions, ids])
+    rows = [r.table_idx for r in reqs]
+    in_batch = set(rows)
+    others = [row for row in engine.live_rows if row not in in_batch]
+    other_lens = [engine.live_rows[row][0] for row in others]
+    host = torch.cat([torch.tensor(rows + cached + device + others + other_lens), token_req, positions, ids])
     packed = upload(host, engine.device.torch_device)  # one transfer for everything the checks and inputs need
     rows_d, cached_d, device_d = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-    token_req_d, positions_d = packed[3 * n : 3 * n + t], packed[3 * n + t : 3 * n + 2 * t]
-    ids_d = packed[3 * n + 2 * t :].to(torch.int32)
+    o = 3 * n + 2 * len(others)
+    others_d, other_lens_d = packed[3 * n : 3 * n + len(others)], packed[3 * n + len(others) : o]
+    token_req_d, positions_d = packed[o : o + t], packed[o + t : o + 2 * t]
+    ids_d = packed[o + 2 * t :].to(torch.int32)
     # The rows of the batch, as wide as the longest request: every slot it reads or writes is in there.
     table = engine.page_table.index_select(0, rows_d)[:, : max(device)]
     out_loc = table[token_req_d, positions_d]
@@ -147,17 +149,23 @@ def build_layout(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
     cols = torch.arange(table.shape[1], device=table.device)
     out_of_range = ((table < 0) | (table >= limit)) & (cols < device_d.unsqueeze(1))
     checks = [out_of_range.any()]
-    if len(ids) > 1 or max(cached) > 0:
-        # One count per slot: cached slots of the batch count 2, each new token adds 1, so a written slot that
-        # is cached or written twice counts more than 1. (isin and sort cost a host sync and ~0.5 ms here.)
+    if len(ids) > 1 or max(cached) > 0 or others:
+        # One count per slot: cached slots (of the batch and of live rows outside it) count 2, each new token
+        # adds 1, so a written slot that is cached or written twice counts more than 1. (isin and sort cost a
+        # host sync and ~0.5 ms here.)
         hits = torch.zeros(limit + 1, dtype=torch.int32, device=table.device)
         cached_slots = torch.where((cols < cached_d.unsqueeze(1)) & ~out_of_range, table, limit)
         hits.index_fill_(0, cached_slots.flatten().long(), 2)
+        if others:
+            live = engine.page_table.index_select(0, others_d)[:, : max(other_lens)]
+            live_cols = torch.arange(live.shape[1], device=live.device)
+            held = (live_cols < other_lens_d.unsqueeze(1)) & (live >= 0) & (live < limit)
+            hits.index_fill_(0, torch.where(held, live, limit).flatten().long(), 2)
         written = torch.where((out_loc >= 0) & (out_loc < limit), out_loc, limit).long()
         hits.index_add_(0, written, torch.ones_like(written, dtype=torch.int32))
         hits[limit] = 0  # the spare entry that out-of-range and unread positions point at
         checks.append((hits[written] > 1).any())
-    return BatchLayout(ids_d, positions_d, out_loc, torch.stack(checks))
+    return BatchLayout(ids_d, positions_d, out_loc, torch.stack(checks), others)
 
 
 def check_slots(engine: Engine, reqs: Sequence[Req], layout: BatchLayout) -> None:
@@ -179,16 +187,24 @@ def check_slots(engine: Engine, reqs: Sequence[Req], layout: BatchLayout) -> Non
                 f"request {req.uid}: page_table[{req.table_idx}, {pos}] = {int(slots[pos])} is not a KV slot: "
                 f"slots lie in [0, num_pages * page_size = {limit})"
             )
-    owner: dict[int, int] = {}
+    owner: dict[int, str] = {}
     for row, req in zip(rows, reqs):
         for slot in row[: req.cached_len].tolist():
-            owner.setdefault(slot, req.uid)
+            owner.setdefault(slot, f"cached KV of request {req.uid}")
+    for other in layout.others:
+        kv_len, uid = engine.live_rows[other]
+        for slot in table[other, :kv_len].tolist():
+            owner.setdefault(
+                slot,
+                f"cached KV of request {uid} in page-table row {other}, outside this batch (if that request is "
+                f"done, release its row first: engine.release_rows([{other}]))",
+            )
     written: set[int] = set()
     for row, req in zip(rows, reqs):
         for pos in range(req.cached_len, req.device_len):
             slot = int(row[pos])
             if slot in owner or slot in written:
-                whose = f"cached KV of request {owner[slot]}" if slot in owner else "another new token"
+                whose = owner.get(slot, "another new token")
                 raise InvalidRequestError(
                     f"request {req.uid}: page_table[{req.table_idx}, {pos}] = {slot} would overwrite {whose}; "
                     "give every new token a slot of its own"
@@ -196,9 +212,18 @@ def check_slots(engine: Engine, reqs: Sequence[Req], layout: BatchLayout) -> Non
             written.add(slot)
 
 
-def check_fresh(batch: Batch) -> None:
-    """forward_batch runs a batch once, as prepare_batch built it: a second run would mark KV as cached that
-    was never computed."""
+def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
+    """forward_batch runs a batch once, with the sampling args prepare_batch built for it: a second run would
+    mark KV as cached that was never computed."""
+    if not isinstance(batch, Batch):
+        raise InvalidRequestError(f"batch must be the Batch from prepare_batch, got {type(batch).__name__}")
+    if not isinstance(args, BatchSamplingArgs):
+        raise InvalidRequestError(f"args must be the BatchSamplingArgs from prepare_batch, got {type(args).__name__}")
+    if args.uids != [r.uid for r in batch.reqs]:
+        raise InvalidRequestError(
+            f"args were built for requests {args.uids}, but the batch holds {[r.uid for r in batch.reqs]}: pass "
+            "the (batch, args) pair that one prepare_batch call returned"
+        )
     now = [(r.cached_len, r.device_len) for r in batch.reqs]
     if not batch.spans or now != batch.spans:
         raise InvalidRequestError(

@@ -99,7 +99,11 @@ class EnginePool:
                 ),
                 sampler_seed=0,  # runs reseed it from drawn data; never a random seed, even where one forgets
             )
-        return self._engines[key]
+        engine = self._engines[key]
+        owner = engine.owner() if engine.owner is not None else None
+        if owner is not None:  # a run that failed left its driver holding requests: a new run starts clean
+            owner.close()
+        return engine
 
     def close(self) -> None:
         for engine in reversed(list(self._engines.values())):  # reversed: each restores the thread count it found

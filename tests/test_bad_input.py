@@ -237,8 +237,8 @@ DRIVER_CASES: list[tuple[str, Any, Any, tuple[Any, ...], tuple[str, ...]]] = [
     ("float tensor prompt", torch.tensor([1.0, 2.0]), GREEDY, (), ("torch.float32",)),
     ("empty prompt", [], GREEDY, (), ("empty",)),
     ("params not SamplingParams", [1, 2], {"max_tokens": 2}, (), ("SamplingParams", "dict")),
-    ("chunk_sizes not summing", [1, 2, 3], GREEDY, (1, 1), ("chunk_sizes [1, 1]",)),
-    ("chunk_sizes not ints", [1, 2, 3], GREEDY, (1.5, 1.5), ("chunk_sizes [1.5, 1.5]",)),
+    ("chunk_sizes not summing", [1, 2, 3], GREEDY, (1, 1), ("chunk_sizes=(1, 1)",)),
+    ("chunk_sizes not ints", [1, 2, 3], GREEDY, (1.5, 1.5), ("chunk_sizes=(1.5, 1.5)",)),
 ]
 
 

@@ -19,7 +19,7 @@ PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
 LOGIT_TOL = 1e-4
 
 
-def _config(model: Path, tp: TPInfo, port: int = 0) -> EngineConfig:
+def _config(model: Path, tp: TPInfo, port: int = 29500) -> EngineConfig:
     return EngineConfig(
         str(model), tp_info=tp, device="cpu", page_size=4, num_page_override=64, distributed_port=port
     )
