@@ -450,7 +450,7 @@ class StaticDriver:
                         uids.append(self._admit(pending.popleft()))
                     self.step()
             except BaseException:
-                for uid in uids:
+                for uid in reversed(uids):  # newest first: rows go back to the free list in their old order
                     if uid in self.running:
                         self._finish(self.running[uid], "abort")
                     self.finished.pop(uid, None)

@@ -77,6 +77,7 @@ def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
     for name in ("table_idx", "cached_len", "device_len"):
         if not is_int(getattr(req, name)):
             raise InvalidRequestError(f"request {req.uid}: {name}={getattr(req, name)!r} is not an int")
+        setattr(req, name, int(getattr(req, name)))  # a NumPy int would leak NumPy bools into the kernels
     max_rows = engine.config.max_running_req
     if not (0 <= req.table_idx < max_rows):
         raise InvalidRequestError(f"request {req.uid}: table_idx={req.table_idx} is out of range [0, {max_rows})")
@@ -234,7 +235,14 @@ def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
 
 def prompt_tensor(prompt_ids: object, vocab: int) -> torch.Tensor:
     """A prompt (a sequence of ints or a 1-D integer tensor) as a new int32 CPU tensor, range-checked before the
-    cast so that no id wraps around."""
+    cast so that no id wraps around. A NumPy array is taken as the tensor it converts to."""
+    if not isinstance(prompt_ids, torch.Tensor) and hasattr(prompt_ids, "__array__") and hasattr(prompt_ids, "dtype"):
+        try:
+            prompt_ids = torch.as_tensor(prompt_ids)
+        except (TypeError, RuntimeError):
+            raise InvalidRequestError(
+                f"prompt_ids must be a 1-D integer array, got an array of dtype {prompt_ids.dtype}"
+            ) from None
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() != 1 or prompt_ids.is_floating_point() or prompt_ids.is_complex() or (
             prompt_ids.dtype == torch.bool
@@ -250,9 +258,11 @@ def prompt_tensor(prompt_ids: object, vocab: int) -> torch.Tensor:
                 f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__}"
             )
         values = list(prompt_ids)
-        bad = next((t for t in values if not is_int(t)), None)
+        bad = next((i for i, t in enumerate(values) if not is_int(t)), None)  # an index: the value may be None
         if bad is not None:
-            raise InvalidRequestError(f"prompt_ids must hold ints, got {bad!r} of type {type(bad).__name__}")
+            raise InvalidRequestError(
+                f"prompt_ids must hold ints, got {values[bad]!r} of type {type(values[bad]).__name__} at index {bad}"
+            )
     if not values:
         raise InvalidRequestError("the prompt is empty; give at least one token")
     lo, hi = min(values), max(values)

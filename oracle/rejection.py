@@ -81,3 +81,30 @@ def witness(engine: Engine, driver: StaticDriver | None = None) -> Witness:
     finally:
         driver.record_logits = saved
     return Witness(tuple(tuple(g.output_ids) for g in gens), tuple(row for g in gens for row in g.logits))
+
+
+@dataclass
+class Contract:
+    """An engine and the witness generation it gave before any bad call: checks that a call is rejected as the
+    contract says, and that a valid generation afterwards is bitwise the same."""
+
+    engine: Engine
+    before: Witness
+
+    @classmethod
+    def of(cls, engine: Engine) -> Contract:
+        return cls(engine, witness(engine))
+
+    def rejects(
+        self, error: type[EngineError], call: Callable[[], object], *needles: str, driver: StaticDriver | None = None
+    ) -> EngineError:
+        """call() raises `error` naming every needle, leaves the engine (and driver) as they were, and a valid
+        generation afterwards (through `driver`, when given) equals the one before."""
+        state = engine_state(self.engine, driver)
+        e = expect(error, call, *needles)
+        assert_same_state(state, engine_state(self.engine, driver))
+        self.still_generates(driver)
+        return e
+
+    def still_generates(self, driver: StaticDriver | None = None) -> None:
+        self.before.assert_equal(witness(self.engine, driver))

@@ -1,5 +1,10 @@
-"""The bad-input catalogue: every invalid input gets one of the engine's typed errors, whose message names the
-offending field or value, and a rejected call changes no state (KV pool, page table, driver bookkeeping).
+"""The bad-input catalogue, engine part: SamplingParams, the hand-driven Req/Batch path (prepare_batch and
+forward_batch, the seed's style), the sampler's inputs and the engine's lifecycle. The driver, configuration,
+model directories and CLIs have catalogues of their own (tests/test_bad_*.py).
+
+Every case asserts the typed error, that its message names the field or request, that a rejected call changes no
+state (KV pool, page table), and that a valid generation afterwards is bitwise equal to one before
+(oracle.rejection.Contract).
 
 Sampler policy (see engine/sample.py): a row with NaN or +inf logits, with every logit -inf, or whose
 logits / temperature overflow float32 raises NonFiniteLogitsError naming the rows and request uids, before any
@@ -15,33 +20,31 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from engine import (
     Batch,
-    CapacityError,
-    ConfigError,
     Engine,
     EngineClosedError,
     EngineConfig,
-    EngineError,
     InvalidRequestError,
     ModelLoadError,
     NonFiniteLogitsError,
     Req,
     SamplingParams,
 )
-from engine.attention import ATTENTION_BACKENDS
 from engine.driver import PageLayout, StaticDriver
 from engine.models import supported_architectures
 from engine.sample import Sampler
 from oracle.hf import HFOracle
-from oracle.pytest_plugin import OraclePool
+from oracle.rejection import Contract, expect
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 512  # every tiny model's vocabulary
@@ -55,39 +58,34 @@ def cpu_config(model: Path, **kwargs: Any) -> EngineConfig:
     return EngineConfig(str(model), **{"device": "cpu", **kwargs})
 
 
-def expect(error: type[EngineError], call: Callable[[], object], *needles: str) -> EngineError:
-    """call() raises `error` (exactly that type or a subclass), and the message contains every needle."""
-    with pytest.raises(error) as info:
-        call()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in the message: {message}"
-    return info.value
-
-
 def _prompt(seed: int, length: int) -> list[int]:
     return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def _map_rows(engine: Engine) -> None:
+    for r in range(ROWS):
+        engine.page_table[r, :ROW_SLOTS] = r * ROW_SLOTS + torch.arange(ROW_SLOTS, dtype=torch.int32)
+
+
 @pytest.fixture
-def engine(qwen3: Path) -> Iterator[Engine]:
-    eng = Engine(
+def contract(qwen3: Path) -> Iterator[Contract]:
+    """A fresh engine whose witness generation is taken first; then row r maps to its own ROW_SLOTS slots."""
+    engine = Engine(
         cpu_config(qwen3, num_page_override=ROWS * ROW_SLOTS, max_running_req=ROWS, max_seq_len_override=64),
         sampler_seed=0,
     )
-    for r in range(ROWS):
-        eng.page_table[r, :ROW_SLOTS] = r * ROW_SLOTS + torch.arange(ROW_SLOTS, dtype=torch.int32)
-    yield eng
-    eng.shutdown()
+    contract = Contract.of(engine)
+    _map_rows(engine)
+    yield contract
+    engine.shutdown()
 
 
-def snapshot(engine: Engine) -> tuple[torch.Tensor, torch.Tensor]:
-    return engine.kv_cache.buffer.clone(), engine.page_table.clone()
-
-
-def assert_unchanged(engine: Engine, snap: tuple[torch.Tensor, torch.Tensor]) -> None:
-    assert torch.equal(engine.kv_cache.buffer, snap[0]), "a rejected call wrote into the KV pool"
-    assert torch.equal(engine.page_table, snap[1]), "a rejected call wrote into the page table"
+@pytest.fixture(scope="module")
+def idle(qwen3: Path) -> Iterator[Contract]:
+    """An engine for calls that never reach one (SamplingParams): its generation must not change either."""
+    engine = Engine(cpu_config(qwen3, num_page_override=64, max_running_req=4, max_seq_len_override=64))
+    yield Contract.of(engine)
+    engine.shutdown()
 
 
 def make_req(ids: Any = (5, 6, 7), table_idx: Any = 0, cached_len: Any = 0, params: Any = GREEDY, uid: int = 0) -> Req:
@@ -101,36 +99,78 @@ def run_batch(engine: Engine, reqs: list[Req], phase: Any = "prefill") -> torch.
 
 
 # ---- SamplingParams ------------------------------------------------------------------------------------------
-SAMPLING_CASES = [
-    ({"temperature": -0.5}, "temperature=-0.5"),
-    ({"temperature": math.nan}, "temperature=nan"),
-    ({"temperature": math.inf}, "temperature=inf"),
-    ({"temperature": 1e-45}, "temperature=1e-45"),  # rounds to a float32 subnormal: logits / T overflows
-    ({"temperature": "0.7"}, "temperature='0.7'"),
-    ({"top_p": 0.0}, "top_p=0.0"),
-    ({"top_p": 1.5}, "top_p=1.5"),
-    ({"top_p": math.nan}, "top_p=nan"),
-    ({"top_k": 0}, "top_k=0"),
-    ({"top_k": -2}, "-1 to disable"),
-    ({"top_k": 2.5}, "top_k=2.5"),
-    ({"min_p": -0.1}, "min_p=-0.1"),
-    ({"min_p": 1.5}, "min_p=1.5"),
-    ({"max_tokens": 0}, "max_tokens=0"),
-    ({"max_tokens": -3}, "max_tokens=-3"),
-    ({"seed": "42"}, "seed='42'"),
-    ({"seed": 1.5}, "seed=1.5"),
-    ({"ignore_eos": "yes"}, "ignore_eos='yes'"),
+SAMPLING_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
+    ({"temperature": -0.5}, ("temperature=-0.5",)),
+    ({"temperature": math.nan}, ("temperature=nan",)),
+    ({"temperature": math.inf}, ("temperature=inf",)),
+    ({"temperature": 1e-45}, ("temperature=1e-45", "use 0 for greedy")),  # a float32 subnormal: logits / T overflow
+    ({"temperature": "0.7"}, ("temperature='0.7'",)),
+    ({"temperature": None}, ("temperature=None",)),
+    ({"temperature": True}, ("temperature=True",)),
+    ({"temperature": 10**400}, ("temperature=1000",)),  # beyond float range
+    ({"temperature": 1j}, ("temperature=1j",)),
+    ({"temperature": torch.tensor(0.5)}, ("temperature=tensor(0.5000)",)),
+    ({"temperature": np.float32(-1)}, ("temperature=",)),
+    ({"top_p": 0.0}, ("top_p=0.0",)),
+    ({"top_p": 1.5}, ("top_p=1.5",)),
+    ({"top_p": math.nan}, ("top_p=nan",)),
+    ({"top_p": "0.9"}, ("top_p='0.9'",)),
+    ({"top_p": np.float64(-0.5)}, ("top_p=",)),
+    ({"top_k": 0}, ("top_k=0", "-1 to disable")),
+    ({"top_k": -2}, ("top_k=-2", "-1 to disable")),
+    ({"top_k": 2.5}, ("top_k=2.5",)),
+    ({"top_k": 3.0}, ("top_k=3.0",)),  # a float, even a whole one, is not a count
+    ({"top_k": True}, ("top_k=True",)),
+    ({"top_k": np.float32(3)}, ("top_k=",)),
+    ({"top_k": np.int64(0)}, ("top_k=",)),
+    ({"min_p": -0.1}, ("min_p=-0.1",)),
+    ({"min_p": 1.5}, ("min_p=1.5",)),
+    ({"min_p": None}, ("min_p=None",)),
+    ({"min_p": math.nan}, ("min_p=nan",)),
+    ({"max_tokens": 0}, ("max_tokens=0",)),
+    ({"max_tokens": -3}, ("max_tokens=-3",)),
+    ({"max_tokens": 2.0}, ("max_tokens=2.0",)),
+    ({"max_tokens": "4"}, ("max_tokens='4'",)),
+    ({"max_tokens": False}, ("max_tokens=False",)),
+    ({"seed": "42"}, ("seed='42'",)),
+    ({"seed": 1.5}, ("seed=1.5",)),
+    ({"seed": -1}, ("seed=-1",)),
+    ({"seed": 2**63}, (f"seed={2**63}",)),
+    ({"seed": True}, ("seed=True",)),
+    ({"ignore_eos": "yes"}, ("ignore_eos='yes'",)),
+    ({"ignore_eos": 1}, ("ignore_eos=1",)),
+    ({"ignore_eos": None}, ("ignore_eos=None",)),
+    ({"ignore_eos": np.bool_(True)}, ("ignore_eos=",)),
 ]
 
 
-@pytest.mark.parametrize("kwargs,needle", SAMPLING_CASES, ids=[n for _, n in SAMPLING_CASES])
-def test_sampling_params_rejected(kwargs: dict[str, Any], needle: str) -> None:
-    error = expect(InvalidRequestError, lambda: SamplingParams(**kwargs), needle)
+@pytest.mark.parametrize("kwargs,needles", SAMPLING_CASES, ids=[repr(k) for k, _ in SAMPLING_CASES])
+def test_sampling_params_rejected(idle: Contract, kwargs: dict[str, Any], needles: tuple[str, ...]) -> None:
+    error = idle.rejects(InvalidRequestError, lambda: SamplingParams(**kwargs), *needles, "is invalid")
     assert isinstance(error, ValueError)  # callers that catch ValueError keep working
 
 
-def test_top_k_message_says_minus_one_disables() -> None:
-    expect(InvalidRequestError, lambda: SamplingParams(top_k=0), "top_k=0", "-1 to disable")
+NUMPY_PARAMS = [
+    ({"temperature": np.float32(0.7)}, {"temperature": float(np.float32(0.7))}),
+    ({"temperature": np.float16(1.5), "top_k": np.int64(20)}, {"temperature": 1.5, "top_k": 20}),
+    ({"top_p": np.float64(0.9), "min_p": Fraction(1, 20)}, {"top_p": 0.9, "min_p": 0.05}),
+    ({"seed": np.uint32(7), "max_tokens": np.int8(3)}, {"seed": 7, "max_tokens": 3}),
+    ({"temperature": 1, "top_k": np.int32(5), "seed": np.int64(2**62)},
+     {"temperature": 1.0, "top_k": 5, "seed": 2**62}),
+]
+
+
+@pytest.mark.parametrize("given,plain", NUMPY_PARAMS, ids=[repr(g) for g, _ in NUMPY_PARAMS])
+def test_numpy_and_fraction_params_are_accepted_as_python_numbers(
+    idle: Contract, given: dict[str, Any], plain: dict[str, Any]
+) -> None:
+    base = {"temperature": 0.8, "max_tokens": 4, "ignore_eos": True, "seed": 5}
+    odd, expected = SamplingParams(**{**base, **given}), SamplingParams(**{**base, **plain})
+    assert odd == expected
+    assert all(type(getattr(odd, k)) is type(getattr(expected, k)) for k in plain)
+    driver = StaticDriver(idle.engine)
+    (a,), (b,) = driver.generate([[3, 1, 4]], odd), driver.generate([[3, 1, 4]], expected)
+    assert a.output_ids == b.output_ids
 
 
 # ---- requests, by hand through prepare_batch -----------------------------------------------------------------
@@ -144,33 +184,42 @@ REQUEST_CASES: list[tuple[str, Callable[[Engine], list[Req]], str, tuple[str, ..
     ("token id = vocab", lambda e: [make_req((5, VOCAB, 7))], "prefill", (f"token id {VOCAB}", "[0, 512)")),
     ("negative token id", lambda e: [make_req((5, -1, 7))], "prefill", ("token id -1",)),
     ("float input_ids", lambda e: [make_req(torch.tensor([5.0, 6.0]))], "prefill", ("input_ids", "torch.float32")),
+    ("int16 input_ids", lambda e: [make_req(torch.tensor([5, 6], dtype=torch.int16))], "prefill",
+     ("input_ids", "torch.int16")),
     ("2-D input_ids", lambda e: [make_req(torch.tensor([[5, 6]]))], "prefill", ("input_ids", "(1, 2)")),
     ("list input_ids", lambda e: [Req([5, 6], 0, 0, 4, 0, GREEDY)], "prefill", ("input_ids", "list")),  # type: ignore[arg-type]
     ("table_idx = max_running_req", lambda e: [make_req(table_idx=ROWS)], "prefill", ("table_idx=4", "[0, 4)")),
     ("negative table_idx", lambda e: [make_req(table_idx=-1)], "prefill", ("table_idx=-1",)),
     ("float table_idx", lambda e: [make_req(table_idx=1.5)], "prefill", ("table_idx=1.5",)),
+    ("bool table_idx", lambda e: [make_req(table_idx=True)], "prefill", ("table_idx=True",)),
+    ("None table_idx", lambda e: [make_req(table_idx=None)], "prefill", ("table_idx=None",)),
     ("table_idx twice", lambda e: [make_req(uid=1), make_req(uid=2)], "prefill", ("table_idx=0", "twice")),
     ("cached_len > device_len", lambda e: [make_req(cached_len=5)], "prefill", ("cached_len=5", "device_len=3")),
     ("cached_len = device_len", lambda e: [make_req(cached_len=3)], "prefill", ("cached_len=3",)),
+    ("negative cached_len", lambda e: [make_req(cached_len=-1)], "prefill", ("cached_len=-1",)),
+    ("float cached_len", lambda e: [make_req(cached_len=0.0)], "prefill", ("cached_len=0.0",)),
     ("prompt > max_seq_len", _long_prompt_req, "prefill", ("65 tokens", "max_seq_len=64")),
     ("decode of 3 tokens", lambda e: [make_req()], "decode", ("extend_len=3",)),
     ("bad phase", lambda e: [make_req()], "extend", ("phase='extend'",)),
+    ("phase None", lambda e: [make_req()], None, ("phase=None",)),
     ("no requests", lambda e: [], "prefill", ("at least one request",)),
     ("not a Req", lambda e: [None], "prefill", ("batch entry 0", "NoneType")),  # type: ignore[list-item]
+    ("a later entry not a Req", lambda e: [make_req(), "req"], "prefill", ("batch entry 1", "str")),  # type: ignore[list-item]
+    ("reqs a generator", lambda e: (r for r in [make_req()]), "prefill", ("list or tuple", "generator")),  # type: ignore[return-value]
     ("params not SamplingParams", lambda e: [make_req(params={"temperature": 0})], "prefill", ("sampling_params",)),
+    ("params None", lambda e: [make_req(params=None)], "prefill", ("sampling_params", "NoneType")),
 ]
 
 
 @pytest.mark.parametrize("name,build,phase,needles", REQUEST_CASES, ids=[c[0] for c in REQUEST_CASES])
 def test_bad_request_rejected_before_any_write(
-    engine: Engine, name: str, build: Callable[[Engine], list[Req]], phase: str, needles: tuple[str, ...]
+    contract: Contract, name: str, build: Callable[[Engine], list[Req]], phase: str, needles: tuple[str, ...]
 ) -> None:
-    reqs = build(engine)
-    lens = [(r.cached_len, r.device_len) for r in reqs if isinstance(r, Req)]
-    snap = snapshot(engine)
-    expect(InvalidRequestError, lambda: run_batch(engine, reqs, phase), *needles)
-    assert_unchanged(engine, snap)
-    assert [(r.cached_len, r.device_len) for r in reqs if isinstance(r, Req)] == lens
+    reqs = build(contract.engine)
+    lens = [(r.cached_len, r.device_len) for r in reqs if isinstance(r, Req)] if isinstance(reqs, list) else []
+    contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, reqs, phase), *needles)
+    if isinstance(reqs, list):
+        assert [(r.cached_len, r.device_len) for r in reqs if isinstance(r, Req)] == lens
 
 
 SLOT_CASES = [
@@ -178,141 +227,107 @@ SLOT_CASES = [
     ("negative slot", [0, 1, -1], ("page_table[0, 2] = -1",)),
     ("slot in the dummy page", [0, 1, ROWS * ROW_SLOTS], (f"page_table[0, 2] = {ROWS * ROW_SLOTS}",)),
     ("two tokens, one slot", [0, 1, 1], ("page_table[0, 2] = 1", "overwrite")),
+    ("three tokens, one slot", [7, 7, 7], ("page_table[0, 1] = 7", "another new token")),
 ]
 
 
 @pytest.mark.parametrize("name,slots,needles", SLOT_CASES, ids=[c[0] for c in SLOT_CASES])
-def test_bad_page_table_slots_rejected(engine: Engine, name: str, slots: list[int], needles: tuple[str, ...]) -> None:
-    engine.page_table[0, :3] = torch.tensor(slots, dtype=torch.int32)
-    snap = snapshot(engine)
-    expect(InvalidRequestError, lambda: run_batch(engine, [make_req()]), *needles)
-    assert_unchanged(engine, snap)
+def test_bad_page_table_slots_rejected(
+    contract: Contract, name: str, slots: list[int], needles: tuple[str, ...]
+) -> None:
+    contract.engine.page_table[0, :3] = torch.tensor(slots, dtype=torch.int32)
+    contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, [make_req()]), *needles)
 
 
-def test_new_token_may_not_overwrite_cached_kv_of_another_request(engine: Engine) -> None:
+def test_new_token_may_not_overwrite_cached_kv_of_another_request(contract: Contract) -> None:
+    engine = contract.engine
     first = make_req((5, 6, 7), table_idx=0, uid=10)
     run_batch(engine, [first])  # its KV now lives in slots 0..2
     first.append_host(torch.tensor(9))
     engine.page_table[1, :2] = torch.tensor([20, 1], dtype=torch.int32)  # position 1 of row 1 → slot 1: cached KV
-    snap = snapshot(engine)
     intruder = make_req((3, 4), table_idx=1, uid=11)
-    expect(
+    contract.rejects(
         InvalidRequestError,
         lambda: run_batch(engine, [first, intruder], "prefill"),
         "request 11",
         "page_table[1, 1] = 1",
         "cached KV of request 10",
     )
-    assert_unchanged(engine, snap)
 
 
-def test_a_batch_runs_once(engine: Engine) -> None:
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_a_write_over_a_live_request_outside_the_batch_is_refused(contract: Contract, phase: str) -> None:
+    """The seed's hand-driven loop: request 10 (row 0) is live but not in this batch; a column of row 1 that
+    still aliases one of its slots would overwrite its KV, until its row is released."""
+    engine = contract.engine
+    live = make_req((5, 6, 7, 8), table_idx=0, uid=10)
+    run_batch(engine, [live])
+    live.append_host(3)
+    other = make_req((1, 2), table_idx=1, uid=11)
+    if phase == "decode":
+        run_batch(engine, [other])
+        other.append_host(4)
+    column = other.device_len - 1
+    engine.page_table[1, column] = 2  # slot 2 holds request 10's KV of position 2
+    kv_before = _live_kv(engine, live)
+    contract.rejects(
+        InvalidRequestError, lambda: run_batch(engine, [other], phase), "request 11", f"page_table[1, {column}] = 2",
+        "request 10", "row 0", "release_rows([0])",
+    )
+    engine.release_rows([0])  # request 10 is done: its slots may be written again
+    _map_rows(engine)
+    engine.page_table[1, column] = 2
+    run_batch(engine, [other], phase)
+    assert not torch.equal(kv_before, _live_kv(engine, live)), "the write did not reach slot 2"
+
+
+def _live_kv(engine: Engine, req: Req) -> torch.Tensor:
+    """The layer-0 keys of request `req`'s cached positions, as the pool holds them."""
+    return engine.kv_cache.k_slots(0)[engine.page_table[req.table_idx, : req.cached_len].long()].clone()
+
+
+def test_a_batch_runs_once(contract: Contract) -> None:
     req = make_req()
-    batch, args = engine.prepare_batch([req], "prefill")
-    engine.forward_batch(batch, args)
+    batch, args = contract.engine.prepare_batch([req], "prefill")
+    contract.engine.forward_batch(batch, args)
     state = (req.cached_len, req.device_len)
-    snap = snapshot(engine)
-    expect(InvalidRequestError, lambda: engine.forward_batch(batch, args), "stale", "prepare_batch")
+    contract.rejects(InvalidRequestError, lambda: contract.engine.forward_batch(batch, args), "stale", "prepare_batch")
     assert (req.cached_len, req.device_len) == state
-    assert_unchanged(engine, snap)
 
 
-def test_decode_before_append_host_rejected(engine: Engine) -> None:
-    req = make_req()
-    run_batch(engine, [req])  # device_len is now 4, but the sampled token was not appended
-    expect(InvalidRequestError, lambda: run_batch(engine, [req], "decode"), "device_len=4", "append_host")
-
-
-# ---- requests through the driver -----------------------------------------------------------------------------
-DRIVER_CASES: list[tuple[str, Any, Any, tuple[Any, ...], tuple[str, ...]]] = [
-    ("prompt + max_tokens > max_seq_len", [1] * 60, SamplingParams(max_tokens=8), (), ("68", "max_seq_len=64")),
-    ("token id >= vocab", [1, VOCAB + 3], GREEDY, (), (f"token id {VOCAB + 3}",)),
-    ("token id beyond int32", torch.tensor([2**32 + 5]), GREEDY, (), (str(2**32 + 5),)),  # would wrap to 5
-    ("negative token id", [3, -7], GREEDY, (), ("token id -7",)),
-    ("float token ids", [1.7, 2.2], GREEDY, (), ("1.7",)),  # would truncate to 1, 2
-    ("bool token ids", [True, False], GREEDY, (), ("True",)),
-    ("string prompt", "hello", GREEDY, (), ("str",)),
-    ("nested prompt", [[1, 2], [3, 4]], GREEDY, (), ("[1, 2]",)),
-    ("2-D tensor prompt", torch.ones(2, 2, dtype=torch.int64), GREEDY, (), ("(2, 2)",)),
-    ("float tensor prompt", torch.tensor([1.0, 2.0]), GREEDY, (), ("torch.float32",)),
-    ("empty prompt", [], GREEDY, (), ("empty",)),
-    ("params not SamplingParams", [1, 2], {"max_tokens": 2}, (), ("SamplingParams", "dict")),
-    ("chunk_sizes not summing", [1, 2, 3], GREEDY, (1, 1), ("chunk_sizes=(1, 1)",)),
-    ("chunk_sizes not ints", [1, 2, 3], GREEDY, (1.5, 1.5), ("chunk_sizes=(1.5, 1.5)",)),
+FORWARD_ARGUMENT_CASES: list[tuple[str, Callable[[Any, Any, Any], tuple[Any, Any]], tuple[str, ...]]] = [
+    ("args None", lambda b, a, other: (b, None), ("args", "BatchSamplingArgs", "NoneType")),
+    ("batch None", lambda b, a, other: (None, a), ("batch", "Batch", "NoneType")),
+    ("batch a list of Req", lambda b, a, other: (b.reqs, a), ("batch", "list")),
+    ("args a dict", lambda b, a, other: (b, {"all_greedy": True}), ("args", "dict")),
+    ("args of another batch", lambda b, a, other: (b, other[1]), ("args were built for requests [1]", "[0]")),
+    ("a batch not from prepare_batch", lambda b, a, other: (Batch(b.reqs, "prefill"), a), ("stale", "prepare_batch")),
 ]
 
 
-@pytest.mark.parametrize("name,prompt,params,chunks,needles", DRIVER_CASES, ids=[c[0] for c in DRIVER_CASES])
-def test_driver_add_rejects_without_leaking(
-    engine: Engine, name: str, prompt: Any, params: Any, chunks: tuple[Any, ...], needles: tuple[str, ...]
+@pytest.mark.parametrize("name,pick,needles", FORWARD_ARGUMENT_CASES, ids=[c[0] for c in FORWARD_ARGUMENT_CASES])
+def test_forward_batch_arguments(
+    contract: Contract, name: str, pick: Callable[[Any, Any, Any], tuple[Any, Any]], needles: tuple[str, ...]
 ) -> None:
-    driver = StaticDriver(engine)
-    running = driver.add([4, 5, 6], GREEDY)
-    rows, pages, next_uid = list(driver.free_rows), driver.allocator.available, driver._next_uid
-    snap = snapshot(engine)
-    expect(InvalidRequestError, lambda: driver.add(prompt, params, chunks), *needles)
-    assert (list(driver.free_rows), driver.allocator.available, driver._next_uid) == (rows, pages, next_uid)
-    assert list(driver.running) == [running]
-    assert_unchanged(engine, snap)
+    engine = contract.engine
+    req = make_req(uid=0)
+    batch, args = engine.prepare_batch([req], "prefill")
+    other = engine.prepare_batch([make_req(table_idx=1, uid=1)], "prefill")
+    contract.rejects(InvalidRequestError, lambda: engine.forward_batch(*pick(batch, args, other)), *needles)
+    assert (req.cached_len, req.device_len) == (0, 3)
 
 
-def test_driver_unknown_uid(engine: Engine) -> None:
-    driver = StaticDriver(engine)
-    uid = driver.add([4, 5], GREEDY)
-    expect(InvalidRequestError, lambda: driver.abort(99), "uid 99", "not a running request")
-    expect(InvalidRequestError, lambda: driver.result(uid), f"uid {uid}", "still running")
-    expect(InvalidRequestError, lambda: driver.result(99), "uid 99", "unknown")
+def test_decode_before_append_host_rejected(contract: Contract) -> None:
+    req = make_req()
+    run_batch(contract.engine, [req])  # device_len is now 4, but the sampled token was not appended
+    contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, [req], "decode"), "device_len=4",
+                     "append_host")
 
 
-def test_driver_prefill_budget_must_be_positive(engine: Engine) -> None:
-    expect(ConfigError, lambda: StaticDriver(engine, max_prefill_tokens=0), "max_prefill_tokens=0")
-
-
-# ---- capacity ------------------------------------------------------------------------------------------------
-def test_pool_too_small_to_plan(qwen3: Path) -> None:
-    expect(CapacityError, lambda: Engine(cpu_config(qwen3, cpu_kv_cache_bytes=1)), "cpu_kv_cache_bytes")
-    expect(CapacityError, lambda: Engine(cpu_config(qwen3, memory_ratio=1e-12)), "memory_ratio=1e-12")
-
-
-def test_allocation_larger_than_memory_refused_before_allocating(qwen3: Path) -> None:
-    # Far beyond any machine: torch would fail deep inside, or the OOM killer would end the process.
-    expect(CapacityError, lambda: Engine(cpu_config(qwen3, num_page_override=10**12)), "KV pool", "num_page")
-    expect(CapacityError, lambda: Engine(cpu_config(qwen3, max_running_req=10**9)), "page table")
-
-
-def test_driver_rows_exhausted(engine: Engine) -> None:
-    driver = StaticDriver(engine)
-    for i in range(ROWS):
-        driver.add([i + 1], GREEDY)
-    pages = driver.allocator.available
-    expect(CapacityError, lambda: driver.add([9], GREEDY), f"all {ROWS} page-table rows", "max_running_req")
-    assert driver.allocator.available == pages and not driver.free_rows
-
-
-def test_request_that_can_never_fit(qwen3: Path) -> None:
-    eng = Engine(cpu_config(qwen3, num_page_override=8, max_running_req=2))
-    driver = StaticDriver(eng)
-    expect(CapacityError, lambda: driver.add(list(range(10)), GREEDY), "14 KV page(s)", "only 8", "never fit")
-    assert driver.allocator.available == 8 and len(driver.free_rows) == 2
-    eng.shutdown()
-
-
-def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, oracle: OraclePool) -> None:
-    eng = Engine(cpu_config(qwen3, page_size=2, num_page_override=12, max_running_req=4))
-    driver = StaticDriver(eng, PageLayout("shuffled", seed=3))
-    params = SamplingParams(max_tokens=6, ignore_eos=True)
-    prompts = [_prompt(1, 7), _prompt(2, 5)]  # 7 + 6 → 7 pages, 5 + 6 → 6 pages: 13 > 12
-    first = driver.add(prompts[0], params)
-    driver.step()  # the first request is running: its prefill is done
-    snap = snapshot(eng)
-    expect(CapacityError, lambda: driver.add(prompts[1], params), "6 KV page(s)", "only 5 are free")
-    assert_unchanged(eng, snap)
-    driver.run()
-    assert driver.result(first).output_ids == oracle(qwen3, torch.float32).greedy(prompts[0], 6)
-    second = driver.add(prompts[1], params)  # its pages are free again
-    driver.run()
-    assert driver.result(second).output_ids == oracle(qwen3, torch.float32).greedy(prompts[1], 6)
-    eng.shutdown()
+def test_numpy_ints_in_a_hand_built_request_are_accepted(contract: Contract) -> None:
+    plain = run_batch(contract.engine, [make_req((5, 6, 7), table_idx=0, uid=0)])
+    odd = run_batch(contract.engine, [make_req((5, 6, 7), table_idx=np.int64(1), cached_len=np.int32(0), uid=1)])
+    assert torch.equal(plain, odd)
 
 
 # ---- model directories ---------------------------------------------------------------------------------------
@@ -427,41 +442,6 @@ def test_demo_without_tokenizer_prints_one_line_and_fails(qwen3: Path) -> None:
     assert lines[-1].startswith("hint: ")
 
 
-# ---- configuration and device --------------------------------------------------------------------------------
-CONFIG_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-    ("unknown device", {"device": "tpu"}, ("device='tpu'",)),
-    ("device not a string", {"device": None}, ("device=None",)),
-    ("page_size 0", {"page_size": 0}, ("page_size=0",)),
-    ("page_size negative", {"page_size": -4}, ("page_size=-4",)),
-    ("memory_ratio 0", {"memory_ratio": 0.0}, ("memory_ratio=0.0",)),
-    ("memory_ratio > 1", {"memory_ratio": 1.5}, ("memory_ratio=1.5",)),
-    ("memory_ratio nan", {"memory_ratio": math.nan}, ("memory_ratio=nan",)),
-    ("max_running_req 0", {"max_running_req": 0}, ("max_running_req=0",)),
-    ("unknown dtype", {"dtype": "int8"}, ("dtype='int8'",)),
-    ("unknown attention backend", {"attention_backend": "flash9"}, ("'flash9'", *ATTENTION_BACKENDS.names())),
-    ("cuda_graph_bs not a list", {"cuda_graph_bs": 4}, ("cuda_graph_bs=4",)),
-]
-
-
-@pytest.mark.parametrize("name,kwargs,needles", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
-def test_bad_config(qwen3: Path, name: str, kwargs: dict[str, Any], needles: tuple[str, ...]) -> None:
-    expect(ConfigError, lambda: Engine(cpu_config(qwen3, num_page_override=8, **kwargs)), *needles)
-
-
-def test_model_path_not_a_path() -> None:
-    expect(ConfigError, lambda: EngineConfig(None), "model_path=None")  # type: ignore[arg-type]
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_cuda_without_gpu(qwen3: Path) -> None:
-    expect(ConfigError, lambda: Engine(EngineConfig(str(qwen3), device="cuda")), "device='cuda'", "no CUDA GPU")
-
-
-def test_float16_on_cpu(qwen3: Path) -> None:
-    config = cpu_config(qwen3, dtype="float16", num_page_override=8)
-    expect(ConfigError, lambda: Engine(config), "float16", "CPU")
-
-
 # ---- sampler inputs ------------------------------------------------------------------------------------------
 def _args(sampler: Sampler, params: list[SamplingParams]) -> Any:
     reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 0, 1, 100 + i, p) for i, p in enumerate(params)]
@@ -480,12 +460,12 @@ BAD_ROWS = [
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name,bad_row,needle", BAD_ROWS, ids=[r[0] for r in BAD_ROWS])
 def test_unsampleable_row_raises_and_leaves_other_rows_alone(
-    name: str, bad_row: torch.Tensor, needle: str, params: SamplingParams
+    idle: Contract, name: str, bad_row: torch.Tensor, needle: str, params: SamplingParams
 ) -> None:
     good = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
     logits = torch.cat([good[:1], bad_row[None], good[1:]])
     sampler = Sampler(torch.device("cpu"), 8, seed=5)
-    error = expect(
+    error = idle.rejects(
         NonFiniteLogitsError, lambda: sampler.sample(logits, _args(sampler, [SAMPLED, params, SAMPLED, SAMPLED])),
         "request(s) [101]", "batch rows [1]", needle,
     )
@@ -496,11 +476,12 @@ def test_unsampleable_row_raises_and_leaves_other_rows_alone(
     assert torch.equal(again, fresh.sample(good, _args(fresh, [SAMPLED] * 3)))
 
 
-def test_temperature_overflow_raises() -> None:
+def test_temperature_overflow_raises(idle: Contract) -> None:
     sampler = Sampler(torch.device("cpu"), 8, seed=0)
     logits = torch.tensor([[1000.0, 999.0, 0, 0, 0, 0, 0, 0]])
     tiny = SamplingParams(temperature=1e-37)
-    expect(NonFiniteLogitsError, lambda: sampler.sample(logits, _args(sampler, [tiny])), "temperature=", "overflow")
+    idle.rejects(NonFiniteLogitsError, lambda: sampler.sample(logits, _args(sampler, [tiny])), "temperature=",
+                 "overflow")
 
 
 def test_masked_tokens_are_never_sampled() -> None:
@@ -514,13 +495,21 @@ def test_masked_tokens_are_never_sampled() -> None:
     assert set(tokens.tolist()) <= {1, 3, 6}
 
 
-def test_logits_shape_must_match_the_batch() -> None:
+LOGITS_SHAPE_CASES = [
+    ("more rows than requests", torch.zeros(2, 8), "(2, 8)"),
+    ("a narrower vocab", torch.zeros(1, 5), "vocab 8"),
+    ("1-D logits", torch.zeros(8), "(8,)"),
+]
+
+
+@pytest.mark.parametrize("name,logits,needle", LOGITS_SHAPE_CASES, ids=[c[0] for c in LOGITS_SHAPE_CASES])
+def test_logits_shape_must_match_the_batch(idle: Contract, name: str, logits: torch.Tensor, needle: str) -> None:
     sampler = Sampler(torch.device("cpu"), 8, seed=0)
-    expect(InvalidRequestError, lambda: sampler.sample(torch.zeros(2, 8), _args(sampler, [GREEDY])), "(2, 8)")
-    expect(InvalidRequestError, lambda: sampler.sample(torch.zeros(1, 5), _args(sampler, [GREEDY])), "vocab 8")
+    idle.rejects(InvalidRequestError, lambda: sampler.sample(logits, _args(sampler, [GREEDY])), needle)
 
 
-def test_engine_names_the_request_with_nan_logits(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_names_the_request_with_nan_logits(contract: Contract, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = contract.engine
     forward = engine.model.forward
 
     def nan_in_second_row(*args: Any) -> torch.Tensor:
@@ -533,10 +522,13 @@ def test_engine_names_the_request_with_nan_logits(engine: Engine, monkeypatch: p
     error = expect(NonFiniteLogitsError, lambda: run_batch(engine, reqs), "request(s) [8]", "NaN logits")
     assert isinstance(error, NonFiniteLogitsError) and error.uids == [8]
     assert [(r.cached_len, r.device_len) for r in reqs] == [(0, 2), (0, 2)]  # neither request advanced
+    monkeypatch.undo()
+    contract.still_generates()
 
 
 # ---- lifecycle -----------------------------------------------------------------------------------------------
-def test_shutdown_twice_then_every_use_is_refused(engine: Engine) -> None:
+def test_shutdown_twice_then_every_use_is_refused(contract: Contract) -> None:
+    engine = contract.engine
     req = make_req()
     batch, args = engine.prepare_batch([req], "prefill")
     driver = StaticDriver(engine)
@@ -546,13 +538,15 @@ def test_shutdown_twice_then_every_use_is_refused(engine: Engine) -> None:
     expect(EngineClosedError, lambda: engine.forward_batch(batch, args), "shut down")
     expect(EngineClosedError, lambda: driver.add([1, 2], GREEDY), "shut down")
     expect(EngineClosedError, driver.step, "shut down")
+    expect(EngineClosedError, lambda: driver.generate([[1]], GREEDY), "shut down")
+    expect(EngineClosedError, lambda: StaticDriver(engine), "shut down")
     assert (req.cached_len, req.device_len) == (0, 3)
 
 
 def test_context_manager_shuts_down(qwen3: Path) -> None:
     with Engine(cpu_config(qwen3, num_page_override=8)) as eng:
         StaticDriver(eng).generate([[1, 2]], GREEDY)
-    expect(EngineClosedError, lambda: StaticDriver(eng).add([1], GREEDY), "shut down")
+    expect(EngineClosedError, lambda: StaticDriver(eng), "shut down")
 
 
 def test_two_engines_interleaved_are_both_correct(tiny_models: dict[str, Path]) -> None:
