@@ -16,6 +16,7 @@ import torch
 
 from engine import Engine, EngineConfig, EngineError, ModelLoadError, Req, SamplingParams
 from engine.core import Phase
+from oracle.cli import int_in
 from oracle.hf import HFOracle
 from oracle.zoo import ModelBuildError
 
@@ -94,8 +95,8 @@ def run(model_dir: str, max_tokens: int, page_size: int) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="HF model dir (default: SmolLM2-135M-Instruct, built on first use)")
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--page-size", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int_in(1), default=24)
+    parser.add_argument("--page-size", type=int_in(1), default=4)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args()
     try:

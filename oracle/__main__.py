@@ -1,15 +1,11 @@
 """``python -m oracle verify --model DIR [--target T] [--plugin MODULE ...] [--quick] [--out DIR] [--json F]
 [--report F] [--junit F] [--seed N] [--debug]``, also installed as ``hfparity-verify`` (the same options, without
-the word ``verify``). Exit status: 0 every check passed, 1 a check failed, 2 bad usage or configuration (arguments,
-a target that cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written;
-checked before the run), 3 the engine raised or produced non-finite logits during the run (the reports are still
-written, with the error recorded as a check of status "error").
+the word ``verify``). Exit status: see EXIT_STATUS (also in --help).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,23 +16,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from engine import ConfigError, EngineError, ModelLoadError
 
 from . import __version__
+from .cli import UsageError, check_distinct, check_writable, int_in
 from .plugins import PluginError, load_plugins
 from .target import PRESETS, TARGET_ENV, TargetError, from_env
+
+EXIT_STATUS = (
+    "exit status: 0 every check passed; 1 a check failed; 2 bad usage or configuration (arguments, a target that "
+    "cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written or that "
+    "collides with another; checked before the run, nothing written); 3 the model loaded but the engine raised or "
+    "produced non-finite logits during the run (e.g. weights holding NaN): the reports are still written, with the "
+    "error recorded as a check of status 'error'."
+)
 
 _HINTS: list[tuple[type[BaseException], str]] = [
     (
         ModelLoadError,
         "pass a Hugging Face model dir (config.json + *.safetensors) of a supported architecture "
-        "(Llama, Qwen2, Qwen3); `python -m oracle.zoo smollm2` prints the default model's dir",
+        "(Llama, Qwen2, Qwen3, Qwen3-MoE); `python -m oracle.zoo smollm2` prints the default model's dir",
     ),
     (ConfigError, "the model's config asks for something this engine cannot serve here"),
     (OSError, "check that the model dir exists and is readable, and that the output dir is writable"),
     (EngineError, "see the message above"),
 ]
-
-
-class UsageError(Exception):
-    """An output that cannot be written; the message names it and why."""
 
 
 def _hint(exc: BaseException) -> str:
@@ -53,8 +54,13 @@ class Outputs:
     def png(self) -> Path:
         return self.report.with_suffix(".png")
 
-    def paths(self) -> list[Path]:
-        return [self.json, self.report, self.png, *([self.junit] if self.junit else [])]
+    def named(self, args: argparse.Namespace) -> list[tuple[str, Path]]:
+        """Each path with what an error calls it: its option, or ``--out DIR`` for a default path."""
+        out = f"--out {args.out}"
+        report = "--report" if args.report else out
+        named = [("--json" if args.json else out, self.json), (report, self.report)]
+        named.append((f"the plot of {report}", self.png))
+        return named + ([("--junit", self.junit)] if self.junit else [])
 
 
 def outputs_of(args: argparse.Namespace) -> Outputs:
@@ -62,21 +68,12 @@ def outputs_of(args: argparse.Namespace) -> Outputs:
     return Outputs(args.json or args.out / f"{stem}.json", args.report or args.out / f"{stem}.md", args.junit)
 
 
-def check_writable(path: Path) -> None:
-    """Raise UsageError unless a file can be written at `path`; creates nothing."""
-    if path.is_dir():
-        raise UsageError(f"cannot write {path}: it is a directory")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"cannot write {path}: the file is not writable")
-        return
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:  # the first existing ancestor: the dirs are made later
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"cannot write {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {path}: {parent} is not writable")
+def check_outputs(args: argparse.Namespace, outputs: Outputs) -> None:
+    """Raise UsageError unless every output can be written and no two collide; creates nothing."""
+    named = outputs.named(args)
+    for option, path in named:
+        check_writable(option, path)
+    check_distinct(named)
 
 
 def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -86,8 +83,7 @@ def _verify(args: argparse.Namespace, out: Console, err: Console) -> int:
         plugins = load_plugins(args.plugin)
         target = from_env(args.target).require()
         outputs = outputs_of(args)
-        for path in outputs.paths():
-            check_writable(path)
+        check_outputs(args, outputs)
     except (PluginError, TargetError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +130,9 @@ def _add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--junit", type=Path, help="also write a JUnit XML report here (one testcase per check)")
     p.add_argument("--out", type=Path, default=Path("reports"), help="default output dir (default: reports/)")
     p.add_argument("--quick", action="store_true", help="fewer prompts, tokens, grid points and samples")
-    p.add_argument("--seed", type=int, default=0, help="seed of prompts and sampling (default 0)")
+    p.add_argument(
+        "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of prompts and sampling, in [0, 2**63) (default 0)"
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
@@ -158,7 +156,9 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def verify_parser(prog: str = "hfparity-verify") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Verify the engine against HF on one model dir.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Verify the engine against HF on one model dir.", epilog=EXIT_STATUS
+    )
     _add_verify_arguments(parser)
     return parser
 
@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oracle", description="Verification of the engine against HF.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_verify_arguments(sub.add_parser("verify", help="run the verification report on one model dir"))
+    _add_verify_arguments(
+        sub.add_parser("verify", help="run the verification report on one model dir", epilog=EXIT_STATUS)
+    )
     return _run(parser, argv)
 
 

@@ -3,7 +3,8 @@ print the kill table (also installed as ``hfparity-mutants``).
 
 Each pytest run checks the chosen target (``$HFPARITY_TARGET``) with the chosen plugins (``$HFPARITY_PLUGINS``):
 both travel to the child processes through the environment. Exits 0 only if the baseline passes and every mutant
-is killed, 2 on bad usage or a target that cannot run here.
+is killed, 2 on bad usage (an output dir that cannot be written included, checked before any run) or a target that
+cannot run here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
+from ..cli import UsageError, check_dir, check_writable, int_in, positive_seconds
 from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
 from . import MUTANTS, mutants_for
@@ -58,17 +60,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=list(MUTANTS), metavar="NAME", help="run only these")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run of the targets without a mutant")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="mutants run in parallel (default 1)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per pytest run (default: none)")
+    parser.add_argument("-j", "--jobs", type=int_in(1), default=1, help="mutants run in parallel (default 1)")
+    parser.add_argument("--timeout", type=positive_seconds, default=None, help="seconds per pytest run (default: none)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="where mutants.json and logs go")
     parser.add_argument("--target", help=f"what the runs check (default ${TARGET_ENV} or cpu-fp32)")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE in every run")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
+    report = args.out / ("mutants-fast.json" if args.fast else "mutants.json")
     try:
         load_plugins(args.plugin)
         target = from_env(args.target).require()
-    except (TargetError, PluginError) as exc:
+        if not args.list:  # --list writes nothing
+            check_dir("--out", args.out / "mutants")
+            check_writable("--out", report)
+    except (TargetError, PluginError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.target:  # the text as given: a TOML target's name is its file's stem, which the children cannot parse
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     mode = "fast" if args.fast else "full"
     console.print(_kill_table(results, f"kill table ({mode}, {wall:.0f} s wall)"))
-    write_json(results, args.out / ("mutants-fast.json" if args.fast else "mutants.json"), args.fast, target.name)
+    write_json(results, report, args.fast, target.name)
     bad = [r for r in results if not r.ok]
     if bad:
         console.print(

@@ -149,7 +149,9 @@ def check_prefill_consistency(
 def check_seeded(engine: Engine, prompts: Sequence[list[int]], labels: Sequence[str], seed: int) -> list[Check]:
     """Seeded requests give the same tokens whatever the engine generator's state and the batch order."""
     two = list(prompts[:2])
-    params = [SamplingParams(temperature=1.5, seed=seed * 1000 + i + 1, max_tokens=6, ignore_eos=True) for i in (0, 1)]
+    # Modulo 2**63, the engine's seed range: any run seed (verify takes [0, 2**63)) gives two valid request seeds.
+    seeds = [(seed * 1000 + i + 1) % 2**63 for i in (0, 1)]
+    params = [SamplingParams(temperature=1.5, seed=s, max_tokens=6, ignore_eos=True) for s in seeds]
     engine.sampler.reseed(seed)
     first = StaticDriver(engine).generate(two, params)
     engine.sampler.reseed(seed + 1)

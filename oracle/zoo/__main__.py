@@ -1,6 +1,7 @@
 """The zoo's command line: ``python -m oracle.zoo smollm2 [--quiet] [--cache-dir DIR]`` builds SmolLM2-135M-Instruct
 into the cache and ``python -m oracle.zoo tiny ARCH DIR`` creates a tiny random model under DIR; each prints the
-model's directory last on stdout (progress goes to stderr), and a failed build exits 1 with the step and a hint.
+model's directory last on stdout (progress goes to stderr). Bad usage exits 2 (a directory that cannot be made
+included, checked before the build) and a failed build exits 1 with the step and a hint.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..cli import UsageError, check_dir
 from . import __doc__ as package_doc
 from .cache import CACHE_ENV, ModelBuildError
 from .smollm2 import SMOLLM2_NAME, smollm2_dir
@@ -26,13 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     p_tiny.add_argument("arch", choices=TINY_ARCHS)
     p_tiny.add_argument("dir", type=Path, help="parent directory; the model goes to DIR/tiny-ARCH")
     args = parser.parse_args(argv)
-
+    option, where = ("--cache-dir", args.cache_dir) if args.command == "smollm2" else ("DIR", args.dir)
+    try:
+        # An existing dir may already hold the model, which needs no write; a missing one must be creatable.
+        if where is not None and not where.is_dir():
+            check_dir(option, where)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.command == "smollm2":
             path = smollm2_dir(args.cache_dir, progress=not args.quiet)
         else:
             path = tiny_model_dir(args.arch, args.dir)
-    except ModelBuildError as exc:
+    except (ModelBuildError, OSError) as exc:  # OSError: e.g. a read-only dir that does not hold the model yet
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(path)
