@@ -27,6 +27,7 @@ from .sections import (
     check_greedy_and_logits,
     check_prefill_consistency,
     check_seeded,
+    completed,
 )
 from .statistics import (
     SamplingCase,
@@ -106,9 +107,9 @@ def verify(
         tol, token_label = target.tolerance, token_labeler(tokenizer)
         stage = "greedy generation"
         try:
-            gens = StaticDriver(engine, PageLayout("shuffled", seed), record_logits=True).generate(
+            gens = completed(StaticDriver(engine, PageLayout("shuffled", seed), record_logits=True).generate(
                 prompts, SamplingParams(temperature=0.0, max_tokens=plan.max_tokens, ignore_eos=True)
-            )
+            ))
             step("engine greedy generation")
             stage = "greedy parity and logit error"
             decode = text_decoder(tokenizer)

@@ -26,6 +26,14 @@ NORM_SCALES = (0.02, 1.0, 50.0)  # input magnitudes for the bf16 norm check: sma
 Advance = Callable[[str], None]
 
 
+def completed(gens: Sequence[Generation]) -> list[Generation]:
+    """The generations, unless the driver had to finish one with an error: then the error it finished with."""
+    for gen in gens:
+        if gen.finish_reason == "error":
+            raise NonFiniteLogitsError(gen.error or f"request {gen.uid} finished with an error", [], [gen.uid])
+    return list(gens)
+
+
 def build_engine(target: Target, model: Path, rows: int, seed: int = 0, **fields: Any) -> Engine:
     """An engine of the target for `rows` concurrent sequences of up to MAX_SEQ_LEN tokens; fields override."""
     config = target.engine_config(
@@ -129,14 +137,14 @@ def check_prefill_consistency(
     prefill against the same prefix prefilled in two chunks (the prompt, then the s tokens as one extend)."""
     prefixes = [[*prompt, *gen.output_ids[:-1]] for prompt, gen in zip(prompts, gens)]
     params = SamplingParams(max_tokens=1, ignore_eos=True)
-    single = StaticDriver(engine, PageLayout("interleaved"), record_logits=True).generate(prefixes, params)
+    single = completed(StaticDriver(engine, PageLayout("interleaved"), record_logits=True).generate(prefixes, params))
     split = StaticDriver(engine, PageLayout("shuffled", 1), record_logits=True)
     uids = [split.add(pre, params, chunk_sizes=[len(p), len(pre) - len(p)]) for pre, p in zip(prefixes, prompts)]
     split.run()
     checks = []
-    for gen, one, uid, label in zip(gens, single, uids, labels):
+    for gen, one, two, label in zip(gens, single, completed([split.result(u) for u in uids]), labels):
         step = len(gen.output_ids) - 1
-        prefilled, extended = one.logits[0], split.result(uid).logits[0]
+        prefilled, extended = one.logits[0], two.logits[0]
         require_finite(torch.stack([prefilled, extended]), f"prefill of {label}")
         bound = tol.bound(prefilled)
         err = logits_error(gen.logits[step], prefilled)
@@ -153,9 +161,9 @@ def check_seeded(engine: Engine, prompts: Sequence[list[int]], labels: Sequence[
     seeds = [(seed * 1000 + i + 1) % 2**63 for i in (0, 1)]
     params = [SamplingParams(temperature=1.5, seed=s, max_tokens=6, ignore_eos=True) for s in seeds]
     engine.sampler.reseed(seed)
-    first = StaticDriver(engine).generate(two, params)
+    first = completed(StaticDriver(engine).generate(two, params))
     engine.sampler.reseed(seed + 1)
-    second = StaticDriver(engine, PageLayout("shuffled", seed)).generate(two[::-1], params[::-1])[::-1]
+    second = completed(StaticDriver(engine, PageLayout("shuffled", seed)).generate(two[::-1], params[::-1]))[::-1]
     checks = []
     for a, b, p, label in zip(first, second, params, labels):
         differ = sum(x != y for x, y in zip(a.output_ids, b.output_ids)) + abs(len(a.output_ids) - len(b.output_ids))
