@@ -33,13 +33,13 @@ def load_plugins(options: Iterable[str] = ()) -> list[str]:
     for name in plugin_names(options):
         try:
             importlib.import_module(name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a sys.exit() on import must not end the run as a pass
             raise PluginError(f"plugin {name!r} could not be imported: {type(exc).__name__}: {exc}") from exc
         loaded.append(name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PluginError(f"plugin entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}") from exc
         loaded.append(ep.value)
     return loaded

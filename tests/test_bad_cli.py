@@ -60,6 +60,11 @@ def _raising_plugin(tmp: Path) -> str:
     return "plugin_that_raises"
 
 
+def _exiting_plugin(tmp: Path) -> str:
+    (tmp / "plugin_that_exits.py").write_text("import sys\nsys.exit(0)\n")
+    return "plugin_that_exits"
+
+
 def _toml(tmp: Path, text: str) -> str:
     path = tmp / "target.toml"
     path.write_text(text)
@@ -90,6 +95,11 @@ VERIFY_CASES = [
         _with(lambda t: ["--plugin", _raising_plugin(t)]),
         ("'plugin_that_raises'", "RuntimeError", "broken on purpose"),
         id="--plugin raises on import",
+    ),
+    pytest.param(
+        _with(lambda t: ["--plugin", _exiting_plugin(t)]),
+        ("'plugin_that_exits'", "SystemExit"),
+        id="--plugin exits on import",
     ),
     pytest.param(_args("--seed", "0x1f"), ("--seed", "'0x1f'"), id="--seed not an int"),
     pytest.param(_args("--seed", "-1"), ("--seed", "'-1'"), id="--seed negative"),
