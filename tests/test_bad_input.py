@@ -13,10 +13,8 @@ random draw, so the other rows, run again without it, get exactly the tokens the
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -27,7 +25,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from engine import (
     Batch,
@@ -35,13 +32,11 @@ from engine import (
     EngineClosedError,
     EngineConfig,
     InvalidRequestError,
-    ModelLoadError,
     NonFiniteLogitsError,
     Req,
     SamplingParams,
 )
 from engine.driver import PageLayout, StaticDriver
-from engine.models import supported_architectures
 from engine.sample import Sampler
 from oracle.hf import HFOracle
 from oracle.rejection import Contract, expect
@@ -328,101 +323,6 @@ def test_numpy_ints_in_a_hand_built_request_are_accepted(contract: Contract) -> 
     plain = run_batch(contract.engine, [make_req((5, 6, 7), table_idx=0, uid=0)])
     odd = run_batch(contract.engine, [make_req((5, 6, 7), table_idx=np.int64(1), cached_len=np.int32(0), uid=1)])
     assert torch.equal(plain, odd)
-
-
-# ---- model directories ---------------------------------------------------------------------------------------
-def _edit_config(**changes: Any) -> Callable[[Path], object]:
-    def edit(d: Path) -> None:
-        cfg = json.loads((d / "config.json").read_text())
-        cfg.update(changes)
-        (d / "config.json").write_text(json.dumps(cfg))
-
-    return edit
-
-
-def _edit_tensors(edit: Callable[[dict[str, torch.Tensor]], object]) -> Callable[[Path], object]:
-    def apply(d: Path) -> None:
-        tensors = load_file(d / "model.safetensors")
-        edit(tensors)
-        save_file(tensors, d / "model.safetensors")
-
-    return apply
-
-
-def _truncate(keep: Callable[[int], int]) -> Callable[[Path], object]:
-    def apply(d: Path) -> None:
-        data = (d / "model.safetensors").read_bytes()
-        (d / "model.safetensors").write_bytes(data[: keep(len(data))])
-
-    return apply
-
-
-def _corrupt_header(d: Path) -> None:
-    data = bytearray((d / "model.safetensors").read_bytes())
-    data[8:24] = b"\xff" * 16  # inside the JSON header
-    (d / "model.safetensors").write_bytes(bytes(data))
-
-
-K0 = "model.layers.0.self_attn.k_proj.weight"
-Q0_BIAS = "model.layers.0.self_attn.q_proj.bias"  # qwen3 has no attention bias
-MODEL_DIR_CASES: list[tuple[str, Callable[[Path], object], tuple[str, ...]]] = [
-    ("missing config.json", lambda d: (d / "config.json").unlink(), ("no config.json",)),
-    ("config.json not JSON", lambda d: (d / "config.json").write_text("{oops"), ("not valid JSON",)),
-    ("config.json a list", lambda d: (d / "config.json").write_text("[1]"), ("JSON object", "list")),
-    ("config lacks a key", lambda d: _drop_config_key(d, "hidden_size"), ("'hidden_size'",)),
-    ("zero attention heads", _edit_config(num_attention_heads=0), ("num_attention_heads=0",)),
-    ("negative vocab", _edit_config(vocab_size=-1), ("vocab_size=-1",)),
-    ("unsupported architecture", _edit_config(architectures=["GPT2LMHeadModel"]),
-     ("'GPT2LMHeadModel'", *supported_architectures())),
-    ("architectures a string", _edit_config(architectures="Qwen3ForCausalLM"), ("'architectures'",)),
-    ("unsupported rope type", _edit_config(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), ("'yarn'",)),
-    ("no safetensors", lambda d: (d / "model.safetensors").unlink(), ("no *.safetensors",)),
-    ("missing tensor", _edit_tensors(lambda t: t.pop("model.norm.weight")), ("missing", "model.norm.weight")),
-    ("missing merged shard", _edit_tensors(lambda t: t.pop(K0)), ("missing", K0)),
-    ("unexpected tensor", _edit_tensors(lambda t: t.update({"model.extra.weight": torch.zeros(2)})),
-     ("unexpected tensor 'model.extra.weight'",)),
-    ("bias the arch lacks", _edit_tensors(lambda t: t.update({Q0_BIAS: torch.zeros(64)})), (f"'{Q0_BIAS}'",)),
-    ("wrong-shape tensor", _edit_tensors(lambda t: t.update({K0: torch.zeros(16, 64)})),
-     (K0, "(16, 64)", "(32, 64)")),
-    ("truncated to half", _truncate(lambda n: n // 2), ("model.safetensors", "not a readable safetensors")),
-    ("data section cut short", _truncate(lambda n: n - 100), ("model.safetensors", "not a readable safetensors")),
-    ("empty safetensors", _truncate(lambda n: 0), ("model.safetensors",)),
-    ("corrupt header", _corrupt_header, ("model.safetensors", "not a readable safetensors")),
-]
-
-
-def _drop_config_key(d: Path, key: str) -> None:
-    cfg = json.loads((d / "config.json").read_text())
-    del cfg[key]
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-@pytest.mark.parametrize("name,breakage,needles", MODEL_DIR_CASES, ids=[c[0] for c in MODEL_DIR_CASES])
-def test_broken_model_dir(
-    qwen3: Path, tmp_path: Path, name: str, breakage: Callable[[Path], object], needles: tuple[str, ...]
-) -> None:
-    broken = tmp_path / "model"
-    shutil.copytree(qwen3, broken)
-    breakage(broken)
-    expect(ModelLoadError, lambda: Engine(cpu_config(broken, num_page_override=8)), *needles)
-
-
-def test_model_path_not_a_directory(tmp_path: Path) -> None:
-    missing = tmp_path / "nope"
-    expect(ModelLoadError, lambda: Engine(cpu_config(missing)), str(missing), "not a directory")
-
-
-def test_failed_construction_leaves_thread_count(qwen3: Path, tmp_path: Path) -> None:
-    broken = tmp_path / "model"
-    shutil.copytree(qwen3, broken)
-    (broken / "model.safetensors").unlink()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        expect(ModelLoadError, lambda: Engine(cpu_config(broken, num_page_override=8)), "no *.safetensors")
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_demo_without_tokenizer_prints_one_line_and_fails(qwen3: Path) -> None:

@@ -1,16 +1,20 @@
 """ModelConfig: the architecture facts the engine needs, parsed from an HF config.json.
 
 Accepts both transformers-4 keys (``rope_theta``/``rope_scaling``) and transformers-5 keys
-(``rope_parameters``, which carries rope_theta and the scaling together).
+(``rope_parameters``, which carries rope_theta and the scaling together). Every value is checked for its kind, not
+coerced (``int(2.5)`` truncates, ``bool("false")`` is true): counts are integers, scales finite and positive, flags
+JSON booleans; a bad one raises ModelLoadError naming the key. A key that is absent or null takes its default.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import is_plain_int, is_plain_number
 from ..errors import ModelLoadError
 
 
@@ -59,46 +63,35 @@ class ModelConfig:
             raise ModelLoadError(
                 f"config.json's 'architectures' is {archs!r}; use a non-empty list such as [\"LlamaForCausalLM\"]"
             )
-        try:
-            hidden = _positive(cfg, "hidden_size")
-            num_heads = _positive(cfg, "num_attention_heads")
-            head_dim = int(cfg.get("head_dim") or hidden // num_heads)
-            model_cfg = cls(
-                architecture=str(archs[0]),
-                vocab_size=_positive(cfg, "vocab_size"),
-                hidden_size=hidden,
-                intermediate_size=_positive(cfg, "intermediate_size"),
-                num_layers=_positive(cfg, "num_hidden_layers"),
-                num_qo_heads=num_heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-                head_dim=head_dim,
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                rope=_parse_rope(cfg),
-                # Qwen2 always has a qkv bias; Llama/Qwen3 only when the config says so.
-                attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
-                eos_token_ids=_parse_eos(cfg.get("eos_token_id")),
-                # transformers 5 writes num_experts as num_local_experts.
-                num_experts=int(cfg.get("num_experts", cfg.get("num_local_experts")) or 0),
-                num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-                moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                decoder_sparse_step=int(cfg.get("decoder_sparse_step", 1)),
-                mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
-                raw=cfg,
-            )
-        except KeyError as e:
-            raise ModelLoadError(f"config.json lacks the required key {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelLoadError(f"config.json has a malformed value: {e}") from None
-        for key, value in (
-            ("head_dim", model_cfg.head_dim),
-            ("num_key_value_heads", model_cfg.num_kv_heads),
-            ("max_position_embeddings", model_cfg.max_position_embeddings),
-        ):
-            if value <= 0:
-                raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
+        hidden = _int(cfg, "hidden_size")
+        num_heads = _int(cfg, "num_attention_heads")
+        num_layers = _int(cfg, "num_hidden_layers")
+        # transformers 5 writes num_experts as num_local_experts.
+        experts_key = "num_experts" if "num_experts" in cfg else "num_local_experts"
+        model_cfg = cls(
+            architecture=str(archs[0]),
+            vocab_size=_int(cfg, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_int(cfg, "intermediate_size"),
+            num_layers=num_layers,
+            num_qo_heads=num_heads,
+            num_kv_heads=_int(cfg, "num_key_value_heads", default=num_heads),
+            head_dim=_head_dim(cfg, hidden // num_heads),
+            rms_norm_eps=_positive_float(cfg, "rms_norm_eps", default=1e-6),
+            max_position_embeddings=_int(cfg, "max_position_embeddings", default=4096),
+            tie_word_embeddings=_flag(cfg, "tie_word_embeddings", default=False),
+            rope=_parse_rope(cfg),
+            # Qwen2 always has a qkv bias; Llama/Qwen3 only when the config says so.
+            attention_bias=_flag(cfg, "attention_bias", default=archs[0] == "Qwen2ForCausalLM"),
+            eos_token_ids=_parse_eos(cfg),
+            num_experts=_int(cfg, experts_key, default=0, minimum=0),
+            num_experts_per_tok=_int(cfg, "num_experts_per_tok", default=0, minimum=0),
+            moe_intermediate_size=_int(cfg, "moe_intermediate_size", default=0, minimum=0),
+            norm_topk_prob=_flag(cfg, "norm_topk_prob", default=False),
+            decoder_sparse_step=_int(cfg, "decoder_sparse_step", default=1),
+            mlp_only_layers=_layer_list(cfg, "mlp_only_layers", num_layers),
+            raw=cfg,
+        )
         if model_cfg.num_qo_heads % model_cfg.num_kv_heads != 0:
             raise ModelLoadError(
                 f"num_attention_heads={model_cfg.num_qo_heads} is not a multiple of "
@@ -133,51 +126,104 @@ class ModelConfig:
         return cls.from_dict(cfg)
 
 
-def _positive(cfg: dict[str, Any], key: str) -> int:
-    value = int(cfg[key])
-    if value <= 0:
-        raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
+# Passed as `default` by keys that have none.
+_REQUIRED: Any = object()
+
+
+def _value(cfg: dict[str, Any], key: str, default: Any, section: str = "") -> Any:
+    """cfg[key]; a key that is absent or null (HF writes null for "unset") takes `default`."""
+    value = cfg.get(key)
+    if value is not None:
+        return value
+    if default is _REQUIRED:
+        raise ModelLoadError(f"config.json lacks the required key {section + key!r}")
+    return default
+
+
+def _invalid(key: str, value: Any, rule: str) -> ModelLoadError:
+    return ModelLoadError(f"config.json: {key}={value!r} is invalid; {rule}")
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1, section: str = "") -> int:
+    value = _value(cfg, key, default, section)
+    # Not int(value): that would truncate 2.5, parse "64" and read true as 1.
+    if not is_plain_int(value) or value < minimum:
+        raise _invalid(section + key, value, f"use an integer >= {minimum}")
     return value
+
+
+def _positive_float(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, section: str = "") -> float:
+    value = _value(cfg, key, default, section)
+    if not is_plain_number(value) or not math.isfinite(value) or value <= 0:
+        raise _invalid(section + key, value, "use a finite number > 0")
+    return float(value)
+
+
+def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    value = _value(cfg, key, default)
+    # Not bool(value): the string "false" is truthy.
+    if not isinstance(value, bool):
+        raise _invalid(key, value, "use a JSON boolean, true or false")
+    return value
+
+
+def _head_dim(cfg: dict[str, Any], derived: int) -> int:
+    """head_dim, or hidden_size // num_attention_heads when unset (Qwen3 sets it apart from the two)."""
+    head_dim = _int(cfg, "head_dim", default=derived)
+    if head_dim % 2:
+        raise _invalid("head_dim", head_dim, "use an even integer: rotary embedding rotates pairs of dimensions")
+    return head_dim
+
+
+def _layer_list(cfg: dict[str, Any], key: str, num_layers: int) -> tuple[int, ...]:
+    value = _value(cfg, key, [])
+    if not isinstance(value, list) or not all(is_plain_int(i) and 0 <= i < num_layers for i in value):
+        raise _invalid(key, value, f"use a list of layer indices in [0, num_hidden_layers={num_layers})")
+    return tuple(value)
 
 
 def _check_moe(cfg: ModelConfig) -> None:
     if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
-        raise ModelLoadError(
-            f"config.json: num_experts_per_tok={cfg.num_experts_per_tok} is invalid; it must be in "
-            f"[1, num_experts={cfg.num_experts}]"
+        raise _invalid(
+            "num_experts_per_tok", cfg.num_experts_per_tok, f"it must be in [1, num_experts={cfg.num_experts}]"
         )
-    for key, value in (
-        ("moe_intermediate_size", cfg.moe_intermediate_size),
-        ("decoder_sparse_step", cfg.decoder_sparse_step),
-    ):
-        if value <= 0:
-            raise ModelLoadError(f"config.json: {key}={value} is invalid; it must be >= 1")
+    if cfg.moe_intermediate_size <= 0:
+        raise _invalid("moe_intermediate_size", cfg.moe_intermediate_size, "it must be >= 1")
 
 
-def _parse_eos(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+def _parse_eos(cfg: dict[str, Any]) -> tuple[int, ...]:
+    value = _value(cfg, "eos_token_id", [])
+    ids = value if isinstance(value, list) else [value]
+    if not all(is_plain_int(i) and i >= 0 for i in ids):
+        raise _invalid("eos_token_id", value, "use a token id or a list of them (integers >= 0)")
+    return tuple(ids)
 
 
 def _parse_rope(cfg: dict[str, Any]) -> RopeConfig:
     # transformers 5 folds rope_theta into rope_parameters; transformers 4 keeps them apart.
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    section = next((key for key in ("rope_parameters", "rope_scaling") if cfg.get(key)), None)
+    params = cfg[section] if section else {}
     if not isinstance(params, dict):
         raise ModelLoadError(f"config.json: rope_parameters / rope_scaling must be an object, got {params!r}")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    where = f"{section}." if section else ""
+    if params.get("rope_theta") is not None:
+        theta = _positive_float(params, "rope_theta", section=where)
+    else:
+        theta = _positive_float(cfg, "rope_theta", default=10000.0)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "llama3"):
         raise ModelLoadError(f"rope_type {rope_type!r} is not supported; supported: 'default', 'llama3'")
     if rope_type == "default":
-        return RopeConfig(theta=float(theta))
-    return RopeConfig(
-        theta=float(theta),
+        return RopeConfig(theta=theta)
+    rope = RopeConfig(
+        theta=theta,
         rope_type="llama3",
-        factor=float(params["factor"]),
-        low_freq_factor=float(params["low_freq_factor"]),
-        high_freq_factor=float(params["high_freq_factor"]),
-        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        factor=_positive_float(params, "factor", section=where),
+        low_freq_factor=_positive_float(params, "low_freq_factor", section=where),
+        high_freq_factor=_positive_float(params, "high_freq_factor", section=where),
+        original_max_position_embeddings=_int(params, "original_max_position_embeddings", section=where),
     )
+    # The blend between the two frequency bands divides by their difference.
+    if rope.high_freq_factor == rope.low_freq_factor:
+        raise _invalid(where + "high_freq_factor", params["high_freq_factor"], "it must differ from low_freq_factor")
+    return rope

@@ -1,14 +1,18 @@
 """Stream weights from *.safetensors into a materialized model, merging q/k/v, gate/up and per-expert MoE weights.
 
-Every checkpoint tensor must map to exactly one parameter (or shard of a merged one) with the same shape,
-and every parameter must be filled; otherwise ModelLoadError names the tensor.
+With a ``model.safetensors.index.json`` (HF's sharded checkpoints) exactly the files its ``weight_map`` names load,
+and each tensor must be in the file the index maps it to; without one every *.safetensors loads, and a tensor may be
+in only one of them. Every checkpoint tensor must be floating point and map to exactly one parameter (or shard of a
+merged one) with the same shape, and every parameter must be filled; otherwise ModelLoadError names the tensor.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -32,6 +36,8 @@ _MERGED_RE = re.compile(r"^(.*)\.(" + "|".join(_MERGED) + r")\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(" + "|".join(EXPERT_PROJECTIONS) + r")\.weight$")
 # Buffers some older checkpoints carry; they are recomputed, not loaded.
 _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
+# HF's index of a sharded checkpoint: {"weight_map": {tensor: file}}.
+INDEX = "model.safetensors.index.json"
 
 
 def _target(name: str) -> tuple[str, str | None]:
@@ -59,14 +65,64 @@ def _shards(model: nn.Module, param_name: str) -> set[str | None]:
     return {None}
 
 
-def safetensors_files(model_path: str | Path) -> list[Path]:
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(
-            f"no *.safetensors files in {str(model_path)!r}; convert the checkpoint with "
-            "save_pretrained(..., safe_serialization=True)"
-        )
-    return files
+def checkpoint_files(model_path: str | Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files to load, as names inside model_path, and the index's tensor → file map (None
+    without an index). With an index, only the files it names load (HF ignores a stray consolidated.safetensors)."""
+    root = Path(model_path)
+    index = _read_index(root / INDEX) if (root / INDEX).exists() else None
+    if index is None:
+        files = sorted(p.name for p in root.glob("*.safetensors"))
+        if not files:
+            raise ModelLoadError(
+                f"no *.safetensors files in {str(model_path)!r}; convert the checkpoint with "
+                "save_pretrained(..., safe_serialization=True)"
+            )
+        return files, None
+    files = sorted(set(index.values()))
+    for file in files:
+        if not (root / file).is_file():
+            raise ModelLoadError(f"{INDEX} names {file!r}, which is not a file in {str(model_path)!r}")
+    return files, index
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    try:
+        index = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{INDEX} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"{INDEX} needs a non-empty 'weight_map' object mapping tensor names to files")
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise ModelLoadError(f"{INDEX} maps tensor {name!r} to {file!r}; use a file name")
+    return weight_map
+
+
+def _check_names(file: str, names: list[str], index: dict[str, str] | None, seen: dict[str, str]) -> None:
+    """Every tensor lives in exactly one file: the one the index maps it to, when there is an index."""
+    for name in names:
+        if index is None and name in seen:
+            raise ModelLoadError(f"tensor {name!r} is in both {seen[name]} and {file}; keep one copy")
+        if index is not None and index.get(name) != file:
+            where = f"maps it to {index[name]}" if name in index else "does not list it"
+            raise ModelLoadError(f"tensor {name!r} is in {file}, but {INDEX} {where}")
+        seen[name] = file
+    if index is not None:
+        present = set(names)
+        absent = sorted(n for n, f in index.items() if f == file and n not in present)
+        if absent:
+            raise ModelLoadError(f"{INDEX} maps tensor {absent[0]!r} to {file}, which has no such tensor")
+
+
+def _read(f: Any, name: str, file: str) -> torch.Tensor:
+    value = f.get_tensor(name)
+    # Casting an integer or bool tensor (a wrong file, or a quantized checkpoint) to the model dtype loads nonsense.
+    if not value.dtype.is_floating_point:
+        raise ModelLoadError(f"tensor {name!r} in {file} has dtype {value.dtype}; weights must be floating point")
+    return value
 
 
 def load_weights(
@@ -79,11 +135,15 @@ def load_weights(
     params = dict(model.named_parameters())
     # param → the shards that still need a value; a whole tensor (shard None) fills every shard at once.
     pending = {pname: _shards(model, pname) for pname in params}
-
-    for path in safetensors_files(model_path):
+    files, index = checkpoint_files(model_path)
+    seen: dict[str, str] = {}  # tensor → the file it was found in
+    for file in files:
+        path = Path(model_path) / file
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for name in f.keys():  # noqa: SIM118  (safe_open is not a dict)
+                names = list(f.keys())
+                _check_names(file, names, index, seen)
+                for name in names:
                     if _IGNORED_RE.search(name):
                         continue
                     if name == "lm_head.weight" and tied_embeddings:
@@ -91,9 +151,9 @@ def load_weights(
                     pname, target_shard = _target(name)
                     if pname not in params:
                         raise ModelLoadError(
-                            f"unexpected tensor {name!r} in {path.name}: the architecture has no such weight"
+                            f"unexpected tensor {name!r} in {file}: the architecture has no such weight"
                         )
-                    value = f.get_tensor(name)
+                    value = _read(f, name, file)
                     if shard is not None:
                         value = shard(name, value)
                     _copy_tensor(model, params[pname], pname, target_shard, name, value)
@@ -102,7 +162,7 @@ def load_weights(
                     if target_shard is None or not left:
                         pending.pop(pname, None)
         except SafetensorError as e:
-            raise ModelLoadError(f"{path.name} is not a readable safetensors file ({e}); re-save it") from None
+            raise ModelLoadError(f"{file} is not a readable safetensors file ({e}); re-save it") from None
         except OSError as e:
             raise ModelLoadError(f"cannot read {path}: {e}") from None
     if pending:
