@@ -325,6 +325,7 @@ def test_numpy_ints_in_a_hand_built_request_are_accepted(contract: Contract) -> 
     assert torch.equal(plain, odd)
 
 
+# ---- the demo script ---------------------------------------------------------------------------------------
 def test_demo_without_tokenizer_prints_one_line_and_fails(qwen3: Path) -> None:
     # transformers 5 quietly builds an empty tokenizer for a dir without one; the demo must refuse instead.
     proc = subprocess.run(

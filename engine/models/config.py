@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import is_plain_int, is_plain_number
+from ..core import is_int, is_real
 from ..errors import ModelLoadError
 
 
@@ -147,14 +147,14 @@ def _invalid(key: str, value: Any, rule: str) -> ModelLoadError:
 def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1, section: str = "") -> int:
     value = _value(cfg, key, default, section)
     # Not int(value): that would truncate 2.5, parse "64" and read true as 1.
-    if not is_plain_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise _invalid(section + key, value, f"use an integer >= {minimum}")
     return value
 
 
 def _positive_float(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, section: str = "") -> float:
     value = _value(cfg, key, default, section)
-    if not is_plain_number(value) or not math.isfinite(value) or value <= 0:
+    if not is_real(value) or not math.isfinite(value) or value <= 0:
         raise _invalid(section + key, value, "use a finite number > 0")
     return float(value)
 
@@ -177,7 +177,7 @@ def _head_dim(cfg: dict[str, Any], derived: int) -> int:
 
 def _layer_list(cfg: dict[str, Any], key: str, num_layers: int) -> tuple[int, ...]:
     value = _value(cfg, key, [])
-    if not isinstance(value, list) or not all(is_plain_int(i) and 0 <= i < num_layers for i in value):
+    if not isinstance(value, list) or not all(is_int(i) and 0 <= i < num_layers for i in value):
         raise _invalid(key, value, f"use a list of layer indices in [0, num_hidden_layers={num_layers})")
     return tuple(value)
 
@@ -194,7 +194,7 @@ def _check_moe(cfg: ModelConfig) -> None:
 def _parse_eos(cfg: dict[str, Any]) -> tuple[int, ...]:
     value = _value(cfg, "eos_token_id", [])
     ids = value if isinstance(value, list) else [value]
-    if not all(is_plain_int(i) and i >= 0 for i in ids):
+    if not all(is_int(i) and i >= 0 for i in ids):
         raise _invalid("eos_token_id", value, "use a token id or a list of them (integers >= 0)")
     return tuple(ids)
 
