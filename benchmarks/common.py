@@ -121,6 +121,11 @@ def graphs(engine: Engine, on: bool) -> Iterator[None]:
 
 
 # ---- step harnesses: the same step, repeated --------------------------------------------------------------------
+def _take_over(engine: Engine) -> None:
+    """A step harness owns every row of its engine: the KV an earlier harness left there is dead."""
+    engine.release_rows(range(engine.config.max_running_req))
+
+
 def _map_slots(engine: Engine, row: int, start: int, count: int) -> None:
     slots = torch.arange(start, start + count, dtype=torch.int32)
     engine.page_table[row, :count] = slots.to(engine.device.torch_device)
@@ -140,6 +145,7 @@ class DecodeStep:
         span = -(-(context + 1) // engine.config.page_size) * engine.config.page_size
         params = SamplingParams(max_tokens=1, ignore_eos=True)
         self.reqs = []
+        _take_over(engine)
         for i, prompt in enumerate(random_prompts(bs, context, vocab, seed)):
             _map_slots(engine, i, i * span, context + 1)
             self.reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), i, 0, 1, i, params))
@@ -164,6 +170,7 @@ class PrefillStep:
         self.engine = engine
         self.length = length
         prompt = random_prompts(1, length, engine.model_config.vocab_size, seed)[0]
+        _take_over(engine)
         _map_slots(engine, 0, 0, length + 1)
         self.req = Req(torch.tensor(prompt, dtype=torch.int32), 0, 0, 1, 0, SamplingParams(max_tokens=1))
 
