@@ -1,8 +1,10 @@
 """Checks inputs before anything is written, so a rejected call changes no state.
 
 validate_batch (host checks), build_layout (token range on the host, slot checks launched on the device) and
-check_slots (their verdict) run in prepare_batch, before the KV pool is written; check_fresh runs in
-forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine allocates.
+check_slots (their verdict) run in prepare_batch, before the KV pool is written: no new token may land outside
+the pool, on another new token, or on cached KV of the batch or of a live row outside it (Engine.live_rows).
+check_fresh runs in forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine
+allocates.
 """
 
 from __future__ import annotations
