@@ -34,7 +34,8 @@ def expect(error: type[EngineError], call: Callable[[], object], *needles: str) 
 
 
 def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[Any, ...]:
-    """Everything a rejected call must leave alone: the KV pool, the page table and the driver's bookkeeping."""
+    """Everything a rejected call must leave alone: the KV pool, the page table, the driver's bookkeeping (with a
+    driver) and, last, the engine's live rows."""
     state: tuple[Any, ...] = (engine.kv_cache.buffer.clone(), engine.page_table.clone())
     if driver is not None:
         alloc = driver.allocator
@@ -44,13 +45,14 @@ def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[An
         }
         state += ((list(driver.free_rows), list(alloc.free), alloc.reserved, driver._next_uid, lengths,
                    sorted(driver.finished)),)
-    return state
+    return (*state, dict(engine.live_rows))
 
 
 def assert_same_state(before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
     assert torch.equal(before[0], after[0]), "a rejected call changed the KV pool"
     assert torch.equal(before[1], after[1]), "a rejected call changed the page table"
-    assert before[2:] == after[2:], "a rejected call changed the driver's bookkeeping"
+    assert before[2:-1] == after[2:-1], "a rejected call changed the driver's bookkeeping"
+    assert before[-1] == after[-1], f"a rejected call changed the engine's live rows: {before[-1]} then {after[-1]}"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+import engine.engine as engine_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.driver import StaticDriver
@@ -39,6 +40,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     sample,
     GraphRunner,
     flashinfer_backend,
+    engine_module,
 )
 
 

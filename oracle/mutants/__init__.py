@@ -52,6 +52,9 @@ _FINISH_PATHS = f"{_KV_TESTS}::test_every_finish_path_gives_back_its_pages_reser
 _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
 _EXACT = "properties/test_sampling_exact.py"
 _GPU_SAMPLING = "properties/test_gpu_sampler_distribution.py"
+_FUZZ = "properties/test_fuzz_invalid.py"
+_BAD_INPUT = "tests/test_bad_input.py"
+_BAD_DRIVER = "tests/test_bad_driver.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -343,6 +346,39 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",
+        ),
+        # ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ----
+        Mutant(
+            "live_rows_unchecked",
+            "the slot checks ignore the live page-table rows outside the batch: a hand-built batch whose new token "
+            "is mapped to a slot of a running request not in the batch overwrites that request's cached KV",
+            "gittensor-ai-lab/sparkinfer#185 (stale block-table entries of a reused row read and wrote other "
+            "sequences' KV blocks; fixed by clearing rows on free), vllm-project/vllm#37076 (a KV block handed to "
+            "one request while another's KV still lives there)",
+            c.live_rows_unchecked,
+            (_FUZZ, f"{_BAD_INPUT}::test_a_write_over_a_live_request_outside_the_batch_is_refused"),
+            (_FUZZ,),
+        ),
+        Mutant(
+            "generate_admits_eagerly",
+            "generate() admits each prompt as soon as it is checked: a bad prompt later in the list leaves the "
+            "earlier ones admitted (rows, pages, uids taken) when the error propagates",
+            "vllm-project/vllm#26081, vllm-project/vllm#27420 (LLM.chat/generate enqueued the valid requests of a "
+            "batch before a later one failed validation; the orphans ran in the next call)",
+            c.generate_admits_eagerly,
+            (_FUZZ, f"{_BAD_DRIVER}::test_generate_admits_nothing_when_a_prompt_is_bad"),
+            (_FUZZ,),
+        ),
+        Mutant(
+            "second_driver_allowed",
+            "a second StaticDriver on an engine never checks the owner: it is built while the first has running "
+            "requests, and both hand out the same page-table rows and KV pages",
+            "two schedulers over one KV pool: no public fix of this exact check found; vllm-project/vllm#9198 "
+            "(maintainers: two LLM instances on one device are unsupported, nothing refused them)",
+            c.second_driver_allowed,
+            (_FUZZ, f"{_BAD_DRIVER}::test_a_second_driver_is_refused_while_the_first_runs",
+             f"{_BAD_DRIVER}::test_a_newer_driver_retires_an_idle_one"),
+            (_FUZZ,),
         ),
     )
 }

@@ -14,18 +14,21 @@ import contextlib
 import dataclasses
 import types
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+import engine.engine as engine_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
-from engine.core import Batch, Phase, Req
-from engine.driver import RequestState, StaticDriver
+from engine.core import Batch, Phase, Req, SamplingParams
+from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
+from engine.errors import InvalidRequestError
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
@@ -45,6 +48,8 @@ _ORIGINAL_STEP_SEED = sample.step_seed
 _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
+_ORIGINAL_BUILD_LAYOUT = engine_module.build_layout
+_ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 
 
 @contextlib.contextmanager
@@ -511,3 +516,84 @@ def flashinfer_last_page_len_modulo() -> contextlib.AbstractContextManager[None]
 def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
     return _swap(GraphRunner, "static_inputs", ("input_ids", "out_loc"))
 
+
+
+# ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ------------------------
+
+
+def _build_layout_without_live_rows(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
+    """The slot checks leave out the live rows outside the batch (its `others` are empty): a new token may overwrite
+    the cached KV of a running request that is not in this batch; the checks within the batch are unchanged."""
+    live, engine.live_rows = engine.live_rows, {}
+    try:
+        return _ORIGINAL_BUILD_LAYOUT(engine, reqs)
+    finally:
+        engine.live_rows = live
+
+
+def _generate_admitting_eagerly(
+    self: StaticDriver, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[Generation]:
+    """generate() admits each prompt as soon as it is checked (while a row and its pages are free), so a bad prompt
+    later in the list leaves the earlier ones admitted and running when the error propagates. Otherwise it is the
+    real generate: the same checks, the same admission order, the same results, the same cleanup on a failed step."""
+    with self._exclusive("generate"):
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if isinstance(params, SamplingParams):
+            plist: list[object] = [params] * len(prompts)
+        elif isinstance(params, (list, tuple)):
+            plist = list(params)
+        else:
+            raise InvalidRequestError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")
+        if len(plist) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        pending: deque[Any] = deque()
+        uids: list[int] = []
+        first_uid = self._next_uid
+
+        def admit_what_fits() -> None:
+            while pending and self.free_rows and self.allocator.available >= pending[0].pages:
+                self.allocator.reserve(pending[0].pages)
+                uids.append(self._admit(pending.popleft()))
+
+        for i, (prompt, sp) in enumerate(zip(prompts, plist)):
+            pending.append(self._check(prompt, sp, (), f"prompt {i}: "))
+            admit_what_fits()  # the bug: before the later prompts are checked
+        try:
+            while pending or self.running:
+                admit_what_fits()
+                self.step()
+        except BaseException:
+            for uid in reversed(uids):
+                if uid in self.running:
+                    self._finish(self.running[uid], "abort")
+                self.finished.pop(uid, None)
+            self._next_uid = first_uid
+            raise
+        return [self.result(u) for u in uids]
+
+
+def _driver_init_without_owner_check(self: StaticDriver, engine: Engine, *args: Any, **kwargs: Any) -> None:
+    """A new StaticDriver takes the engine without looking at its owner: it is never refused while another driver
+    has running requests, and that driver is not retired, so both hand out the same rows and pages."""
+    owner = engine.owner
+    engine.owner = None
+    try:
+        _ORIGINAL_DRIVER_INIT(self, engine, *args, **kwargs)
+    except BaseException:
+        engine.owner = owner
+        raise
+
+
+def live_rows_unchecked() -> contextlib.AbstractContextManager[None]:
+    # Engine.prepare_batch reaches build_layout through engine.engine's module-level name; only that name is rebound.
+    return _swap(engine_module, "build_layout", _build_layout_without_live_rows)
+
+
+def generate_admits_eagerly() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "generate", _generate_admitting_eagerly)
+
+
+def second_driver_allowed() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "__init__", _driver_init_without_owner_check)
