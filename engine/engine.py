@@ -48,8 +48,8 @@ class Engine:
         self.config = config
         self._closed = False
         self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter
-        # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: a batch may not write
-        # over them until the row is released (release_rows) or a new request at cached_len 0 takes the row.
+        # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: no other request may
+        # write over them until the row is released (release_rows).
         self.live_rows: dict[int, tuple[int, int]] = {}
         # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py.
         self.owner: Any = None

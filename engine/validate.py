@@ -2,7 +2,8 @@
 
 validate_batch (host checks), build_layout (token range on the host, slot checks launched on the device) and
 check_slots (their verdict) run in prepare_batch, before the KV pool is written: no new token may land outside
-the pool, on another new token, or on cached KV of the batch or of a live row outside it (Engine.live_rows).
+the pool, on another new token, or on cached KV of the batch or of a live row (Engine.live_rows): a row's live
+KV is overwritten only by the request that owns it, until the row is released.
 check_fresh runs in forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine
 allocates.
 """
@@ -52,6 +53,13 @@ def validate_batch(engine: Engine, reqs: Sequence[Req], phase: Phase) -> None:
         if not isinstance(req, Req):
             raise InvalidRequestError(f"batch entry {i} is a {type(req).__name__}, not a Req")
         _validate_req(engine, req, phase)
+        live = engine.live_rows.get(req.table_idx)
+        if live is not None and live[1] != req.uid and live[0] > req.cached_len:
+            # Its new tokens would land on the live request's own slots: the page table cannot tell them apart.
+            raise InvalidRequestError(
+                f"request {req.uid}: page-table row {req.table_idx} holds the live KV of request {live[1]} "
+                f"({live[0]} tokens); release the row first (engine.release_rows([{req.table_idx}])) or use another"
+            )
         if req.table_idx in rows_seen:
             raise InvalidRequestError(f"request {req.uid}: table_idx={req.table_idx} is used twice in the batch")
         rows_seen.add(req.table_idx)

@@ -103,6 +103,7 @@ class EnginePool:
         owner = engine.owner() if engine.owner is not None else None
         if owner is not None:  # a run that failed left its driver holding requests: a new run starts clean
             owner.close()
+        engine.release_rows(range(max_running_req))  # and whatever KV hand-built requests left is dead
         return engine
 
     def close(self) -> None:

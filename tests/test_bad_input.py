@@ -39,7 +39,7 @@ from engine import (
 from engine.driver import PageLayout, StaticDriver
 from engine.sample import Sampler
 from oracle.hf import HFOracle
-from oracle.rejection import Contract, expect
+from oracle.rejection import Contract, assert_same_state, engine_state, expect
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 512  # every tiny model's vocabulary
@@ -274,6 +274,24 @@ def test_a_write_over_a_live_request_outside_the_batch_is_refused(contract: Cont
     engine.page_table[1, column] = 2
     run_batch(engine, [other], phase)
     assert not torch.equal(kv_before, _live_kv(engine, live)), "the write did not reach slot 2"
+
+
+def test_a_new_request_in_a_live_row_is_refused_until_the_row_is_released(contract: Contract) -> None:
+    """Without release, a new request in row 0 would write its prompt over request 10's KV, in the same slots."""
+    engine = contract.engine
+    live = make_req((5, 6, 7, 8), table_idx=0, uid=10)
+    run_batch(engine, [live])
+    newcomer = make_req((1, 2), table_idx=0, uid=11)
+    for _ in range(2):  # before and after its owner writes there again
+        state = engine_state(engine)
+        expect(InvalidRequestError, lambda: run_batch(engine, [newcomer]), "request 11", "row 0",
+               "live KV of request 10", "release_rows([0])")
+        assert_same_state(state, engine_state(engine))
+        live.append_host(3)
+        run_batch(engine, [live], "decode")  # the owner may
+    engine.release_rows([0])
+    run_batch(engine, [newcomer])
+    contract.still_generates()
 
 
 def _live_kv(engine: Engine, req: Req) -> torch.Tensor:
