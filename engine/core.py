@@ -25,12 +25,12 @@ _FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 def is_int(x: object) -> TypeGuard[int]:
     """An integer of any kind (Python, NumPy), but not a bool: True is not a count, an id or an index."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))  # fast path: per step
 
 
 def is_real(x: object) -> TypeGuard[float]:
     """A real number of any kind (int, float, NumPy scalars, Fraction), but not a bool."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    return type(x) in (int, float) or (isinstance(x, numbers.Real) and not isinstance(x, bool))
 
 
 def checked_int(

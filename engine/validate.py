@@ -85,9 +85,11 @@ def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
             f"request {req.uid}: sampling_params must be a SamplingParams, got {type(req.sampling_params).__name__}"
         )
     for name in ("table_idx", "cached_len", "device_len"):
-        if not is_int(getattr(req, name)):
-            raise InvalidRequestError(f"request {req.uid}: {name}={getattr(req, name)!r} is not an int")
-        setattr(req, name, int(getattr(req, name)))  # a NumPy int would leak NumPy bools into the kernels
+        value = getattr(req, name)
+        if type(value) is not int:
+            if not is_int(value):
+                raise InvalidRequestError(f"request {req.uid}: {name}={value!r} is not an int")
+            setattr(req, name, int(value))  # a NumPy int would leak NumPy bools into the kernels
     max_rows = engine.config.max_running_req
     if not (0 <= req.table_idx < max_rows):
         raise InvalidRequestError(f"request {req.uid}: table_idx={req.table_idx} is out of range [0, {max_rows})")
