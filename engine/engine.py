@@ -26,13 +26,23 @@ from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
-from .kvcache import KVCachePool, plan_num_pages
+from .kvcache import KVCachePool, model_footprint, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, install_kernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
 from .sample import SAMPLERS, BatchSamplingArgs
 from .validate import BatchLayout, build_layout, check_fresh, check_memory, check_slots, validate_batch
+
+
+@dataclass(frozen=True)
+class _Choices:
+    """The registry entries resolved for this engine's device, dtype and head_dim."""
+
+    attention: str
+    moe: Any  # the MoE backend instance
+    kernels: str
+    sampler: str
 
 
 @dataclass
@@ -53,55 +63,76 @@ class Engine:
         self.live_rows: dict[int, tuple[int, int]] = {}
         # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py.
         self.owner: Any = None
-        # 1. TP info
-        self.tp_info = config.tp_info
-        model_config = config.model_config  # parse early: a bad model dir fails before anything is allocated
-        # This rank's share of the heads and the MLP (the whole model when TP size is 1).
-        local_config = shard_config(model_config, self.tp_info)
-        # 2. device, stream, CPU threads
-        torch_device = resolve_device(config.device, self.tp_info.rank)
+        # The init order, one step each; every name and memory check runs before the first allocation.
+        self._init_tp()
+        choices = self._init_device()
+        self._init_comm()
+        free_here = self.device.free_memory()  # before the model lands
+        free_before = self.comm.min_int(free_here)
+        self._load_model(choices, free_before, free_here)
+        self._init_kv_cache(free_before, choices)
+        self._init_page_table()
+        self._init_attention(choices)
+        self.sampler = SAMPLERS.factory(choices.sampler)(self.device.torch_device, self.model_config.vocab_size,
+                                                          sampler_seed)
+        self._init_graphs(choices)
+        self._init_cpu_threads()  # last: a constructor that fails earlier leaves the thread count alone
+
+    def _init_tp(self) -> None:
+        """TP info, and this rank's share of the heads and the MLP (the whole model at TP size 1)."""
+        self.tp_info = self.config.tp_info
+        # Parsed first: a bad model dir fails before anything is allocated.
+        self.local_config = shard_config(self.config.model_config, self.tp_info)
+
+    def _init_device(self) -> _Choices:
+        """Device and stream; the registry choices resolved for it (a typo fails here, MoE model or not)."""
+        torch_device = resolve_device(self.config.device, self.tp_info.rank)
         self.device = make_device(torch_device)
-        self.dtype = config.resolve_dtype(torch_device)
+        self.dtype = self.config.resolve_dtype(torch_device)
         if torch_device.type == "cpu" and self.dtype in (torch.float16,):
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
-        where = Where(torch_device, self.dtype, model_config.head_dim)
-        backend_name = ATTENTION_BACKENDS.resolve(config.attention_backend, where)
-        # Resolved for every model, MoE or not: a typo is an error.
-        moe_backend = MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))()
-        kernels_name = LAYER_KERNELS.resolve(config.layer_kernels, where)
-        sampler_name = SAMPLERS.resolve(config.sampler_backend, where)
-        # 3. communication, only between several ranks
+        where = Where(torch_device, self.dtype, self.model_config.head_dim)
+        config = self.config
+        return _Choices(
+            attention=ATTENTION_BACKENDS.resolve(config.attention_backend, where),
+            moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
+            kernels=LAYER_KERNELS.resolve(config.layer_kernels, where),
+            sampler=SAMPLERS.resolve(config.sampler_backend, where),
+        )
+
+    def _init_comm(self) -> None:
+        """Communication, only between several ranks."""
+        tp, config = self.tp_info, self.config
         self.comm: Comm = (
             NullComm()
-            if self.tp_info.size == 1
+            if tp.size == 1
             else TorchDistComm(
-                self.tp_info.rank,
-                self.tp_info.size,
-                config.distributed_port,
-                config.distributed_timeout,
+                tp.rank, tp.size, config.distributed_port, config.distributed_timeout,
                 "nccl" if self.device.is_cuda else "gloo",
             )
         )
+
+    def _load_model(self, choices: _Choices, free_before: int, free_here: int) -> None:
+        """Build the model on the meta device (no allocation), check that it fits (free_before: the least free
+        memory of all ranks), materialize and fill it; then measure what it took on this rank (free_here)."""
+        config, model_config = self.config, self.model_config
         self.max_seq_len = config.max_seq_len
-        # 4. free memory before the model lands
-        free_before = self.comm.min_int(self.device.free_memory())
-        # 5. the model: built on the meta device (no allocation), then materialized and filled
-        model_cls = get_model_class(model_config.architecture)
         with torch.device("meta"):
-            model = model_cls(local_config, moe_backend).to(self.dtype)
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        bytes_per_page = KVCachePool.bytes_per_page(
-            model_config.num_layers, config.page_size, local_config.num_kv_heads, model_config.head_dim, self.dtype
+            model = get_model_class(model_config.architecture)(self.local_config, choices.moe).to(self.dtype)
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self._bytes_per_page = KVCachePool.bytes_per_page(
+            model_config.num_layers, config.page_size, self.local_config.num_kv_heads, model_config.head_dim,
+            self.dtype,
         )
         needs = {
-            "weights": model_bytes,
+            "weights": param_bytes,
             "page table": (config.max_running_req + 1) * self.max_seq_len * 4,
             "rotary tables": 4 * self.max_seq_len * model_config.head_dim * 4,  # cos, sin and two temporaries
         }
         if config.num_page_override is not None:
-            needs["KV pool"] = (config.num_page_override + 1) * bytes_per_page
+            needs["KV pool"] = (config.num_page_override + 1) * self._bytes_per_page
         check_memory(free_before, needs, "lower num_page_override, max_running_req or max_seq_len_override")
-        model = model.to_empty(device=torch_device)
+        model = model.to_empty(device=self.device.torch_device)
         if config.use_dummy_weight:
             fill_dummy_weights(model)
         else:
@@ -109,55 +140,56 @@ class Engine:
             load_weights(model, config.model_path, model_config.tie_word_embeddings, shard)
         if self.tp_info.size > 1:
             install_all_reduce(model, self.comm)
-        model.init_rotary(self.max_seq_len, torch_device)
+        model.init_rotary(self.max_seq_len, self.device.torch_device)
         self.model = model.eval()
-        # 6. KV pool
+        # On CUDA what the model took is measured, as the seed plans it (the allocator's rounding and the rotary
+        # tables included); on CPU free memory is the whole host's, so the parameter bytes stand.
+        measured = free_here - self.device.free_memory() if self.device.is_cuda else None
+        self.model_bytes = model_footprint(param_bytes, measured)
+
+    def _init_kv_cache(self, free_before: int, choices: _Choices) -> None:
+        """The KV pool, num_pages + 1 pages (the last is the dummy's), and the layer kernels that write it."""
+        config = self.config
         if config.num_page_override is not None:
             num_pages = config.num_page_override
         else:
             num_pages = plan_num_pages(
-                free_before,
-                model_bytes,
-                bytes_per_page,
-                config.memory_ratio,
+                free_before, self.model_bytes, self._bytes_per_page, config.memory_ratio,
                 cap_bytes=None if self.device.is_cuda else config.cpu_kv_cache_bytes,
             )
         self.num_pages = self.comm.min_int(num_pages)
         self.kv_cache = KVCachePool(
-            model_config.num_layers,
-            self.num_pages,
-            config.page_size,
-            local_config.num_kv_heads,
-            model_config.head_dim,
-            self.dtype,
-            torch_device,
+            self.model_config.num_layers, self.num_pages, config.page_size, self.local_config.num_kv_heads,
+            self.model_config.head_dim, self.dtype, self.device.torch_device,
         )
-        install_kernels(model, LAYER_KERNELS.factory(kernels_name)(), self.kv_cache)
-        # 7. page table: token-granular slots; the dummy row points only into the dummy page
+        install_kernels(self.model, LAYER_KERNELS.factory(choices.kernels)(), self.kv_cache)
+
+    def _init_page_table(self) -> None:
+        """Token-granular slots, max_running_req + 1 rows: the last is the dummy row, pointing only into the dummy
+        page; and the dummy requests' inputs, sliced to the padding a graph batch needs."""
+        config, device = self.config, self.device.torch_device
         self.dummy_row = config.max_running_req
-        self.page_table = torch.zeros(
-            config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=torch_device
-        )
+        self.page_table = torch.zeros(config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=device)
         dummy_slots = self.kv_cache.dummy_page * config.page_size
         self.page_table[self.dummy_row] = dummy_slots + torch.arange(self.max_seq_len) % config.page_size
-        self.dummy_req = Req(
-            torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams()
-        )
-        # The dummy requests' inputs, sliced to the padding a graph batch needs.
+        self.dummy_req = Req(torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams())
         pad_max = config.max_running_req
         self._padding = {
-            "ids": torch.zeros(pad_max, dtype=torch.int32, device=torch_device),
-            "positions": torch.zeros(pad_max, dtype=torch.int64, device=torch_device),
-            "out_loc": torch.full((pad_max,), dummy_slots, dtype=torch.int32, device=torch_device),
+            "ids": torch.zeros(pad_max, dtype=torch.int32, device=device),
+            "positions": torch.zeros(pad_max, dtype=torch.int64, device=device),
+            "out_loc": torch.full((pad_max,), dummy_slots, dtype=torch.int32, device=device),
         }
-        # 8. attention backend (its name was checked before anything was allocated)
+
+    def _init_attention(self, choices: _Choices) -> None:
         self.attn_backend = create_backend(
-            backend_name, self.kv_cache, self.page_table, local_config.num_qo_heads, torch_device
+            choices.attention, self.kv_cache, self.page_table, self.local_config.num_qo_heads,
+            self.device.torch_device,
         )
-        self.ctx = Context(config.page_size, self.page_table, self.kv_cache, self.attn_backend)
-        # 9. sampler
-        self.sampler = SAMPLERS.factory(sampler_name)(torch_device, model_config.vocab_size, sampler_seed)
-        # 10. graph runner: decode graphs captured now, on CUDA with a capturable backend (cuda_graph_bs=[] opts out)
+        self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend)
+
+    def _init_graphs(self, choices: _Choices) -> None:
+        """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""
+        config = self.config
         max_graph_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         graph_bs = default_graph_bs(max_graph_bs) if config.cuda_graph_bs is None else config.cuda_graph_bs
         self.graph_runner = GraphRunner(
@@ -165,12 +197,13 @@ class Engine:
             [bs for bs in graph_bs if bs <= config.max_running_req],
             enabled=self.device.is_cuda
             and self.attn_backend.supports_cuda_graph
-            and (model_config.num_experts == 0 or moe_backend.supports_cuda_graph),
+            and (self.model_config.num_experts == 0 or choices.moe.supports_cuda_graph),
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.graph_runner.capture(self.model, self.ctx, self.attn_backend, self.device.stream, self.max_seq_len)
-        # 11. CPU threads last: a constructor that fails earlier leaves the process's thread count alone
-        threads = cpu_threads_for(self.tp_info.size) if torch_device.type == "cpu" else None
+
+    def _init_cpu_threads(self) -> None:
+        threads = cpu_threads_for(self.tp_info.size) if self.device.torch_device.type == "cpu" else None
         if threads is not None:
             CPU_THREADS.claim(self, threads)
 

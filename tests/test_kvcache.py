@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from engine import Batch, CapacityError, Engine, EngineConfig, SamplingParams
 from engine.distributed import TorchDistComm
 from engine.driver import PageLayout, StaticDriver
-from engine.kvcache import KVCachePool, plan_num_pages
+from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 
 SENTINEL = 12345.0
 
@@ -168,4 +168,17 @@ def test_num_pages_planned_from_memory_on_cpu(tiny_models: dict[str, Path]) -> N
     engine = Engine(EngineConfig(str(tiny_models["llama"]), page_size=4, cpu_kv_cache_bytes=cap))
     per_page = KVCachePool.bytes_per_page(2, 4, 2, 16, torch.float32)
     assert engine.num_pages == cap // per_page
+    engine.shutdown()
+
+
+def test_model_footprint_is_measured_where_measured_and_never_below_the_parameters() -> None:
+    assert model_footprint(GiB, None) == GiB  # CPU: the parameter bytes
+    assert model_footprint(GiB, GiB + 300 * 2**20) == GiB + 300 * 2**20  # CUDA: allocator rounding, rotary tables
+    assert model_footprint(GiB, GiB // 2) == GiB  # another process freed memory while the model loaded
+    assert model_footprint(GiB, -5) == GiB
+
+
+def test_cpu_engine_plans_with_the_parameter_bytes(qwen3: Path) -> None:
+    engine = Engine(EngineConfig(str(qwen3), device="cpu", max_running_req=2, max_seq_len_override=32))
+    assert engine.model_bytes == sum(p.numel() * p.element_size() for p in engine.model.parameters())
     engine.shutdown()

@@ -1,6 +1,6 @@
 """Paged KV storage and its sizing."""
 
-from .planning import plan_num_pages
+from .planning import model_footprint, plan_num_pages
 from .pool import KVCachePool
 
-__all__ = ["KVCachePool", "plan_num_pages"]
+__all__ = ["KVCachePool", "model_footprint", "plan_num_pages"]
