@@ -82,7 +82,7 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
     targets = [
         (driver, "_map_pages", "driver: page-table writes"),
         (engine_module, "validate_batch", "prepare: request checks"),
-        (engine_module, "build_layout", "prepare: layout + slot checks (device)"),
+        (engine_module, "build_inputs", "prepare: inputs + slot checks (device)"),
         (engine_module, "check_slots", "prepare: slot verdict (sync)"),
         (engine.attn_backend, "prepare_metadata", "prepare: attention metadata"),
         (engine.sampler, "prepare", "prepare: sampling args"),

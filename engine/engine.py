@@ -26,13 +26,14 @@ from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import install_all_reduce, shard_config, shard_tensor
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
+from .inputs import BatchInputs, build_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, install_kernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
 from .sample import SAMPLERS, BatchSamplingArgs
-from .validate import BatchLayout, build_layout, check_fresh, check_memory, check_slots, validate_batch
+from .validate import Limits, check_fresh, check_memory, check_slots, validate_batch
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class Engine:
                 cap_bytes=None if self.device.is_cuda else config.cpu_kv_cache_bytes,
             )
         self.num_pages = self.comm.min_int(num_pages)
+        self.limits = Limits(config.max_running_req, self.max_seq_len, self.model_config.vocab_size,
+                             self.num_pages * config.page_size)
         self.kv_cache = KVCachePool(
             self.model_config.num_layers, self.num_pages, config.page_size, self.local_config.num_kv_heads,
             self.model_config.head_dim, self.dtype, self.device.torch_device,
@@ -237,13 +240,13 @@ class Engine:
         """
         self.check_open()
         with self.exclusive("prepare_batch"):
-            validate_batch(self, reqs, phase)
+            validate_batch(reqs, phase, self.limits, self.live_rows)
             self._wait_for_caller()
             with self.device.stream_context():
-                layout = build_layout(self, reqs)
-                batch, args = self._prepare_batch(reqs, phase, layout)
+                inputs = build_inputs(reqs, self.limits, self.page_table, self.live_rows, self.device.torch_device)
+                batch, args = self._prepare_batch(reqs, phase, inputs)
                 # The slot checks ran on the device while the rest was built; nothing was written yet.
-                check_slots(self, reqs, layout)
+                check_slots(reqs, inputs.flags, inputs.others, self.page_table, self.limits, self.live_rows)
             return batch, args
 
     def _wait_for_caller(self) -> None:
@@ -252,11 +255,11 @@ class Engine:
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
     def _prepare_batch(
-        self, reqs: Sequence[Req], phase: Phase, layout: BatchLayout
+        self, reqs: Sequence[Req], phase: Phase, inputs: BatchInputs
     ) -> tuple[Batch, BatchSamplingArgs]:
         batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
         self.graph_runner.pad_batch(batch)
-        ids, positions, out_loc = layout.ids, layout.positions, layout.out_loc
+        ids, positions, out_loc = inputs.ids, inputs.positions, inputs.out_loc
         pad = batch.padded_size - batch.size
         if pad:  # dummy requests: token 0 at position 0, written to the dummy page
             ids = torch.cat([ids, self._padding["ids"][:pad]])

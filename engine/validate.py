@@ -1,46 +1,38 @@
-"""Checks inputs before anything is written, so a rejected call changes no state.
+"""Checks inputs before anything is written, so a rejected call changes no state. Nothing here takes the Engine:
+each check gets the limits and state it reads.
 
-validate_batch (host checks), build_layout (token range on the host, slot checks launched on the device) and
-check_slots (their verdict) run in prepare_batch, before the KV pool is written: no new token may land outside
-the pool, on another new token, or on cached KV of the batch or of a live row (Engine.live_rows): a row's live
-KV is overwritten only by the request that owns it, until the row is released.
-check_fresh runs in forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine
-allocates.
+validate_batch (host checks), check_token_ids and slot_verdict (launched on the device by engine/inputs.py's
+build_inputs) and check_slots (their verdict) run in prepare_batch, before the KV pool is written: no new token may
+land outside the pool, on another new token, or on cached KV of the batch or of a live row (Engine.live_rows): a
+row's live KV is overwritten only by the request that owns it, until the row is released. check_fresh runs in
+forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine allocates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from .core import Batch, Phase, Req, SamplingParams, is_int
-from .device import upload
 from .errors import CapacityError, InvalidRequestError
 from .sample import BatchSamplingArgs
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+@dataclass(frozen=True)
+class Limits:
+    """What a batch is checked against, fixed when the engine is built."""
+
+    max_rows: int  # max_running_req: page-table rows [0, max_rows) belong to requests
+    max_seq_len: int
+    vocab: int
+    num_slots: int  # num_pages * page_size: the real KV slots; the dummy page's start here
 
 
-@dataclass
-class BatchLayout:
-    """Where a batch's new tokens come from and where they go, built once by validate_batch for prepare_batch.
-
-    Host tensors are built with a fixed number of ops whatever the batch size; the write slots are gathered and
-    checked on the device, and check_slots reads the verdict back (one sync) after the rest of the batch is built.
-    """
-
-    ids: torch.Tensor  # int32 [tokens], device: the new tokens, request by request
-    positions: torch.Tensor  # int64 [tokens], device: their positions, which are also their page-table columns
-    out_loc: torch.Tensor  # int32 [tokens], device: the KV slots they write
-    flags: torch.Tensor | None  # bool [2], device: a slot out of range; a slot written twice or over cached KV
-    others: list[int]  # live page-table rows outside the batch, whose cached KV the batch may not overwrite
-
-
-def validate_batch(engine: Engine, reqs: Sequence[Req], phase: Phase) -> None:
+def validate_batch(
+    reqs: Sequence[Req], phase: Phase, limits: Limits, live_rows: Mapping[int, tuple[int, int]]
+) -> None:
     """The host-side checks of every request; nothing is read from the device."""
     if phase not in ("prefill", "decode"):
         raise InvalidRequestError(f"phase={phase!r} is invalid: use 'prefill' or 'decode'")
@@ -52,8 +44,8 @@ def validate_batch(engine: Engine, reqs: Sequence[Req], phase: Phase) -> None:
     for i, req in enumerate(reqs):
         if not isinstance(req, Req):
             raise InvalidRequestError(f"batch entry {i} is a {type(req).__name__}, not a Req")
-        _validate_req(engine, req, phase)
-        live = engine.live_rows.get(req.table_idx)
+        _validate_req(req, phase, limits)
+        live = live_rows.get(req.table_idx)
         if live is not None and live[1] != req.uid and live[0] > req.cached_len:
             # Its new tokens would land on the live request's own slots: the page table cannot tell them apart.
             raise InvalidRequestError(
@@ -65,7 +57,7 @@ def validate_batch(engine: Engine, reqs: Sequence[Req], phase: Phase) -> None:
         rows_seen.add(req.table_idx)
 
 
-def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
+def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
     ids = req.stored_ids
     if (
         not isinstance(ids, torch.Tensor)
@@ -90,7 +82,7 @@ def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
             if not is_int(value):
                 raise InvalidRequestError(f"request {req.uid}: {name}={value!r} is not an int")
             setattr(req, name, int(value))  # a NumPy int would leak NumPy bools into the kernels
-    max_rows = engine.config.max_running_req
+    max_rows = limits.max_rows
     if not (0 <= req.table_idx < max_rows):
         raise InvalidRequestError(f"request {req.uid}: table_idx={req.table_idx} is out of range [0, {max_rows})")
     if not (0 <= req.cached_len < req.device_len):
@@ -102,9 +94,9 @@ def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
             f"request {req.uid}: device_len={req.device_len} exceeds the {num_tokens} known tokens (append the "
             "sampled token with append_host() before the next step)"
         )
-    if req.device_len > engine.max_seq_len:
+    if req.device_len > limits.max_seq_len:
         raise InvalidRequestError(
-            f"request {req.uid}: {req.device_len} tokens exceed max_seq_len={engine.max_seq_len}"
+            f"request {req.uid}: {req.device_len} tokens exceed max_seq_len={limits.max_seq_len}"
         )
     if phase == "decode" and req.device_len - req.cached_len != 1:
         raise InvalidRequestError(
@@ -112,84 +104,68 @@ def _validate_req(engine: Engine, req: Req, phase: Phase) -> None:
         )
 
 
-def build_layout(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
-    """Token ids (range-checked on the host), positions and write slots of the new tokens of validated requests;
-    the slot checks are launched on the device, not waited for. Runs on the engine's stream."""
-    vocab = engine.model_config.vocab_size
-    parts = [r.new_token_ids() for r in reqs]
-    appended = all(isinstance(p, list) for p in parts)  # decode: the tokens the driver appended, as ints
-    if appended:
-        flat = [t for p in parts for t in p]
-        lo, hi = min(flat), max(flat)
-    else:
-        ids = torch.cat([torch.as_tensor(p, dtype=torch.int64) for p in parts])
-        lo, hi = (int(v) for v in ids.aminmax())
-    if lo < 0 or hi >= vocab:
-        for req, part in zip(reqs, parts):
-            values = part if isinstance(part, list) else part.tolist()
-            bad = next((t for t in values if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequestError(f"request {req.uid}: token id {bad} is outside the vocabulary [0, {vocab})")
-    if appended:  # only now: an id past int64 would fail the tensor's construction before the message
-        ids = torch.tensor(flat)
-    cached = [r.cached_len for r in reqs]
-    device = [r.device_len for r in reqs]
-    extend = [d - c for c, d in zip(cached, device)]
-    n = len(reqs)
-    if all(e == 1 for e in extend):
-        token_req, positions = torch.arange(n), torch.tensor(cached)
-    else:
-        ext = torch.tensor(extend)
-        token_req = torch.repeat_interleave(torch.arange(n), ext)
-        first = torch.repeat_interleave(torch.tensor(cached) - (torch.cumsum(ext, 0) - ext), ext)
-        positions = torch.arange(len(token_req)) + first
-    t = len(ids)
-    rows = [r.table_idx for r in reqs]
-    in_batch = set(rows)
-    others = [row for row in engine.live_rows if row not in in_batch]
-    other_lens = [engine.live_rows[row][0] for row in others]
-    host = torch.cat([torch.tensor(rows + cached + device + others + other_lens), token_req, positions, ids])
-    packed = upload(host, engine.device.torch_device)  # one transfer for everything the checks and inputs need
-    rows_d, cached_d, device_d = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-    o = 3 * n + 2 * len(others)
-    others_d, other_lens_d = packed[3 * n : 3 * n + len(others)], packed[3 * n + len(others) : o]
-    token_req_d, positions_d = packed[o : o + t], packed[o + t : o + 2 * t]
-    ids_d = packed[o + 2 * t :].to(torch.int32)
-    # The rows of the batch, as wide as the longest request: every slot it reads or writes is in there.
-    table = engine.page_table.index_select(0, rows_d)[:, : max(device)]
-    out_loc = table[token_req_d, positions_d]
-    limit = engine.num_pages * engine.config.page_size  # the dummy page's slots start here
+def check_token_ids(
+    reqs: Sequence[Req], parts: Sequence[list[int] | torch.Tensor], lo: int, hi: int, vocab: int
+) -> None:
+    """Every new token id lies in the vocabulary (lo and hi: the smallest and largest of them)."""
+    if lo >= 0 and hi < vocab:
+        return
+    for req, part in zip(reqs, parts):
+        values = part if isinstance(part, list) else part.tolist()
+        bad = next((t for t in values if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"request {req.uid}: token id {bad} is outside the vocabulary [0, {vocab})")
+
+
+def slot_verdict(
+    table: torch.Tensor,
+    cached: torch.Tensor,
+    device_len: torch.Tensor,
+    out_loc: torch.Tensor,
+    live: torch.Tensor | None,
+    live_lens: torch.Tensor | None,
+    num_slots: int,
+    written_or_cached: bool,
+) -> torch.Tensor:
+    """The device half of the slot checks, launched and not waited for: bool [2], a slot the batch reads or writes
+    is out of the pool; a written slot is written twice or holds cached KV (of the batch, or of the live rows
+    outside it: `live`, their page-table rows, and `live_lens`). table: the batch's page-table rows."""
     cols = torch.arange(table.shape[1], device=table.device)
-    out_of_range = ((table < 0) | (table >= limit)) & (cols < device_d.unsqueeze(1))
+    out_of_range = ((table < 0) | (table >= num_slots)) & (cols < device_len.unsqueeze(1))
     checks = [out_of_range.any()]
-    if len(ids) > 1 or max(cached) > 0 or others:
-        # One count per slot: cached slots (of the batch and of live rows outside it) count 2, each new token
-        # adds 1, so a written slot that is cached or written twice counts more than 1. (isin and sort cost a
-        # host sync and ~0.5 ms here.)
-        hits = torch.zeros(limit + 1, dtype=torch.int32, device=table.device)
-        cached_slots = torch.where((cols < cached_d.unsqueeze(1)) & ~out_of_range, table, limit)
+    if written_or_cached:
+        # One count per slot: cached slots count 2, each new token adds 1, so a written slot that is cached or
+        # written twice counts more than 1. (isin and sort cost a host sync and ~0.5 ms here.)
+        hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=table.device)
+        cached_slots = torch.where((cols < cached.unsqueeze(1)) & ~out_of_range, table, num_slots)
         hits.index_fill_(0, cached_slots.flatten().long(), 2)
-        if others:
-            live = engine.page_table.index_select(0, others_d)[:, : max(other_lens)]
+        if live is not None and live_lens is not None:
             live_cols = torch.arange(live.shape[1], device=live.device)
-            held = (live_cols < other_lens_d.unsqueeze(1)) & (live >= 0) & (live < limit)
-            hits.index_fill_(0, torch.where(held, live, limit).flatten().long(), 2)
-        written = torch.where((out_loc >= 0) & (out_loc < limit), out_loc, limit).long()
+            held = (live_cols < live_lens.unsqueeze(1)) & (live >= 0) & (live < num_slots)
+            hits.index_fill_(0, torch.where(held, live, num_slots).flatten().long(), 2)
+        written = torch.where((out_loc >= 0) & (out_loc < num_slots), out_loc, num_slots).long()
         hits.index_add_(0, written, torch.ones_like(written, dtype=torch.int32))
-        hits[limit] = 0  # the spare entry that out-of-range and unread positions point at
+        hits[num_slots] = 0  # the spare entry that out-of-range and unread positions point at
         checks.append((hits[written] > 1).any())
-    return BatchLayout(ids_d, positions_d, out_loc, torch.stack(checks), others)
+    return torch.stack(checks)
 
 
-def check_slots(engine: Engine, reqs: Sequence[Req], layout: BatchLayout) -> None:
+def check_slots(
+    reqs: Sequence[Req],
+    flags: torch.Tensor,
+    others: Sequence[int],
+    page_table: torch.Tensor,
+    limits: Limits,
+    live_rows: Mapping[int, tuple[int, int]],
+) -> None:
     """The page table must map every position a request reads to a real KV slot, and the slots it writes
     must be distinct and hold no cached token of the batch; else the step would index out of range or
-    overwrite live KV. Reads the device verdict of build_layout: one device-to-host transfer for the batch."""
-    if layout.flags is None or not any(layout.flags.tolist()):
+    overwrite live KV. Reads the device verdict of slot_verdict: one device-to-host transfer for the batch."""
+    if not any(flags.tolist()):
         return
     # The error path: find the first offending request for the message.
-    table = engine.page_table
-    limit = engine.num_pages * engine.config.page_size
+    table = page_table
+    limit = limits.num_slots
     rows = [table[r.table_idx] for r in reqs]
     for row, req in zip(rows, reqs):
         slots = row[: req.device_len]
@@ -204,8 +180,8 @@ def check_slots(engine: Engine, reqs: Sequence[Req], layout: BatchLayout) -> Non
     for row, req in zip(rows, reqs):
         for slot in row[: req.cached_len].tolist():
             owner.setdefault(slot, f"cached KV of request {req.uid}")
-    for other in layout.others:
-        kv_len, uid = engine.live_rows[other]
+    for other in others:
+        kv_len, uid = live_rows[other]
         for slot in table[other, :kv_len].tolist():
             owner.setdefault(
                 slot,

@@ -79,9 +79,9 @@ def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: d
         assert r["step_ms"] > 0 and r["graph_device_ms"] is None  # no graphs on CPU
         phases = r["phases_ms"]
         assert phases["forward_batch (waits for the device)"] > 0
-        assert phases["prepare: layout + slot checks (device)"] > 0
+        assert phases["prepare: inputs + slot checks (device)"] > 0
         assert sum(v for k, v in phases.items() if k.startswith("prepare")) < r["step_ms"]
     import engine.engine as engine_module
-    from engine.validate import build_layout
+    from engine.inputs import build_inputs
 
-    assert engine_module.build_layout is build_layout, "the phase timers were not removed"
+    assert engine_module.build_inputs is build_inputs, "the phase timers were not removed"

@@ -30,10 +30,10 @@ from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
 from engine.errors import InvalidRequestError
 from engine.graph import GraphRunner
+from engine.inputs import BatchInputs
 from engine.kvcache.pool import KVCachePool
 from engine.layers.norm import RMSNorm
 from engine.sample import BatchSamplingArgs, Sampler
-from engine.validate import BatchLayout
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -48,7 +48,7 @@ _ORIGINAL_STEP_SEED = sample.step_seed
 _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
-_ORIGINAL_BUILD_LAYOUT = engine_module.build_layout
+_ORIGINAL_BUILD_INPUTS = engine_module.build_inputs
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 
 
@@ -405,11 +405,11 @@ def _decode_keys_unmasked(
 
 
 def _prepare_batch_pad_slot_zero(
-    self: Engine, reqs: Sequence[Req], phase: Phase, layout: BatchLayout
+    self: Engine, reqs: Sequence[Req], phase: Phase, inputs: BatchInputs
 ) -> tuple[Batch, Any]:
     """The dummy rows that pad a decode batch write their K/V to slot 0 (a convention of engines that reserve slot 0
     for padding) instead of the dummy page; here slot 0 is a real request's."""
-    batch, args = _ORIGINAL_PREPARE_PADDED(self, reqs, phase, layout)
+    batch, args = _ORIGINAL_PREPARE_PADDED(self, reqs, phase, inputs)
     pad = batch.padded_size - batch.size
     if pad:
         batch.out_loc = torch.cat([batch.out_loc[: batch.size], torch.zeros_like(batch.out_loc[batch.size :])])
@@ -521,14 +521,12 @@ def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
 # ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ------------------------
 
 
-def _build_layout_without_live_rows(engine: Engine, reqs: Sequence[Req]) -> BatchLayout:
+def _build_inputs_without_live_rows(
+    reqs: Sequence[Req], limits: Any, page_table: torch.Tensor, live_rows: Any, device: torch.device
+) -> BatchInputs:
     """The slot checks leave out the live rows outside the batch (its `others` are empty): a new token may overwrite
     the cached KV of a running request that is not in this batch; the checks within the batch are unchanged."""
-    live, engine.live_rows = engine.live_rows, {}
-    try:
-        return _ORIGINAL_BUILD_LAYOUT(engine, reqs)
-    finally:
-        engine.live_rows = live
+    return _ORIGINAL_BUILD_INPUTS(reqs, limits, page_table, {}, device)
 
 
 def _generate_admitting_eagerly(
@@ -587,8 +585,8 @@ def _driver_init_without_owner_check(self: StaticDriver, engine: Engine, *args: 
 
 
 def live_rows_unchecked() -> contextlib.AbstractContextManager[None]:
-    # Engine.prepare_batch reaches build_layout through engine.engine's module-level name; only that name is rebound.
-    return _swap(engine_module, "build_layout", _build_layout_without_live_rows)
+    # Engine.prepare_batch reaches build_inputs through engine.engine's module-level name; only that name is rebound.
+    return _swap(engine_module, "build_inputs", _build_inputs_without_live_rows)
 
 
 def generate_admits_eagerly() -> contextlib.AbstractContextManager[None]:
