@@ -428,32 +428,46 @@ class StaticDriver:
         anyway, the requests of this call are dropped (rows and pages returned) before the error propagates.
         """
         with self._exclusive("generate"):
-            if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
-                raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
-            if isinstance(params, SamplingParams):
-                plist: list[object] = [params] * len(prompts)
-            elif isinstance(params, (list, tuple)):
-                plist = list(params)
-            else:
-                raise InvalidRequestError(
-                    f"params must be a SamplingParams or a list of them, got {type(params).__name__}"
-                )
-            if len(plist) != len(prompts):
-                raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-            pending = deque(self._check(p, sp, (), f"prompt {i}: ") for i, (p, sp) in enumerate(zip(prompts, plist)))
-            uids: list[int] = []
-            first_uid = self._next_uid
-            try:
-                while pending or self.running:
-                    while pending and self.free_rows and self.allocator.available >= pending[0].pages:
-                        self.allocator.reserve(pending[0].pages)
-                        uids.append(self._admit(pending.popleft()))
-                    self.step()
-            except BaseException:
-                for uid in reversed(uids):  # newest first: rows go back to the free list in their old order
-                    if uid in self.running:
-                        self._finish(self.running[uid], "abort")
-                    self.finished.pop(uid, None)
-                self._next_uid = first_uid
-                raise
-            return [self.result(u) for u in uids]
+            pairs = self._generate_pairs(prompts, params)
+            pending = deque(self._check(p, sp, (), f"prompt {i}: ") for i, (p, sp) in enumerate(pairs))
+            return self._run_admitting(pending, [], self._next_uid)
+
+    def _run_admitting(self, pending: deque[_Admission], uids: list[int], first_uid: int) -> list[Generation]:
+        """Step until `pending` is admitted and everything has finished; on an exception, drop this call's
+        requests (`uids`, numbered from first_uid) before it propagates."""
+        try:
+            while pending or self.running:
+                self._admit_what_fits(pending, uids)
+                self.step()
+        except BaseException:
+            self._drop(uids, first_uid)
+            raise
+        return [self.result(u) for u in uids]
+
+    @staticmethod
+    def _generate_pairs(prompts: object, params: object) -> list[tuple[object, object]]:
+        """generate()'s arguments as (prompt, params) pairs; the types and lengths are checked, not the values."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if isinstance(params, SamplingParams):
+            plist: list[object] = [params] * len(prompts)
+        elif isinstance(params, (list, tuple)):
+            plist = list(params)
+        else:
+            raise InvalidRequestError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")
+        if len(plist) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        return list(zip(prompts, plist))
+
+    def _admit_what_fits(self, pending: deque[_Admission], uids: list[int]) -> None:
+        while pending and self.free_rows and self.allocator.available >= pending[0].pages:
+            self.allocator.reserve(pending[0].pages)
+            uids.append(self._admit(pending.popleft()))
+
+    def _drop(self, uids: list[int], first_uid: int) -> None:
+        """Forget the requests of a failed generate(), as if it had never run."""
+        for uid in reversed(uids):  # newest first: rows go back to the free list in their old order
+            if uid in self.running:
+                self._finish(self.running[uid], "abort")
+            self.finished.pop(uid, None)
+        self._next_uid = first_uid

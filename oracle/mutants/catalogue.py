@@ -28,7 +28,6 @@ from engine.attention.torch_backend import TorchAttnBackend
 from engine.core import Batch, Phase, Req, SamplingParams
 from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
-from engine.errors import InvalidRequestError
 from engine.graph import GraphRunner
 from engine.inputs import BatchInputs
 from engine.kvcache.pool import KVCachePool
@@ -536,40 +535,13 @@ def _generate_admitting_eagerly(
     later in the list leaves the earlier ones admitted and running when the error propagates. Otherwise it is the
     real generate: the same checks, the same admission order, the same results, the same cleanup on a failed step."""
     with self._exclusive("generate"):
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
-            raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
-        if isinstance(params, SamplingParams):
-            plist: list[object] = [params] * len(prompts)
-        elif isinstance(params, (list, tuple)):
-            plist = list(params)
-        else:
-            raise InvalidRequestError(f"params must be a SamplingParams or a list of them, got {type(params).__name__}")
-        if len(plist) != len(prompts):
-            raise InvalidRequestError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         pending: deque[Any] = deque()
         uids: list[int] = []
         first_uid = self._next_uid
-
-        def admit_what_fits() -> None:
-            while pending and self.free_rows and self.allocator.available >= pending[0].pages:
-                self.allocator.reserve(pending[0].pages)
-                uids.append(self._admit(pending.popleft()))
-
-        for i, (prompt, sp) in enumerate(zip(prompts, plist)):
+        for i, (prompt, sp) in enumerate(self._generate_pairs(prompts, params)):
             pending.append(self._check(prompt, sp, (), f"prompt {i}: "))
-            admit_what_fits()  # the bug: before the later prompts are checked
-        try:
-            while pending or self.running:
-                admit_what_fits()
-                self.step()
-        except BaseException:
-            for uid in reversed(uids):
-                if uid in self.running:
-                    self._finish(self.running[uid], "abort")
-                self.finished.pop(uid, None)
-            self._next_uid = first_uid
-            raise
-        return [self.result(u) for u in uids]
+            self._admit_what_fits(pending, uids)  # the bug: before the later prompts are checked
+        return self._run_admitting(pending, uids, first_uid)
 
 
 def _driver_init_without_owner_check(self: StaticDriver, engine: Engine, *args: Any, **kwargs: Any) -> None:
