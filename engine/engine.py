@@ -5,12 +5,15 @@ Init order: TP info → device/stream/context (attention backend and layer kerne
 (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows, the last is the dummy row)
 → attention backend → sampler → graph runner → CPU threads. Every check (backend name, memory needed) runs
 before the first allocation.
+
+forward_batch does not wait for the device: the requests advance at once, and the step's errors come back with
+the host tokens (ForwardOutput.result), which undoes the step before raising.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -48,10 +51,26 @@ class _Choices:
 
 @dataclass
 class ForwardOutput:
-    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device
-    next_tokens_cpu: torch.Tensor  # int32 [bs]; valid once copy_done_event completes
+    """One step's tokens: on the device at once, on the host behind copy_done_event. The step's errors (a row with
+    nothing to sample) travel with the host tokens and are raised by result()."""
+
+    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
     copy_done_event: Event
     logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
+    host_tokens: torch.Tensor  # int32 [bs], pinned on CUDA: what result() checks and returns
+    settle: Callable[[torch.Tensor], None]  # raises for -1 rows, after putting the requests back (once)
+
+    def result(self) -> torch.Tensor:
+        """Wait for the host tokens and return them; NonFiniteLogitsError if a row had nothing to sample, with
+        every request of the step (and the random streams) put back as before forward_batch."""
+        self.copy_done_event.synchronize()
+        self.settle(self.host_tokens)
+        return self.host_tokens
+
+    @property
+    def next_tokens_cpu(self) -> torch.Tensor:
+        """int32 [bs]: result()."""
+        return self.result()
 
 
 class Engine:
@@ -285,7 +304,7 @@ class Engine:
                 else:
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = logits[: batch.size]
-            next_tokens, deferred = self.sampler.sample_deferred(logits, args)
+            next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
             if self.device.is_cuda:
                 host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
                 host.copy_(next_tokens, non_blocking=True)
@@ -293,18 +312,44 @@ class Engine:
                 host = next_tokens
             event = self.device.new_event()
             event.record()
-            if deferred:  # greedy: the non-finite rows hold -1, and come back with the tokens in one transfer
-                event.synchronize()
-                values = host.tolist()
-                if min(values) < 0:
-                    self.sampler.raise_for_rows([i for i, v in enumerate(values) if v < 0], args, logits)
-            # Only now, with nothing left to fail, do the requests advance: an exception above leaves them as
-            # they were, and the batch can run again.
+            # The requests advance now, as the seed has it; settle() puts them back if a row had nothing to sample.
+            before = {req.table_idx: self.live_rows.get(req.table_idx) for req in batch.reqs}
             for req in batch.reqs:
                 req.complete_one()
                 self.live_rows[req.table_idx] = (req.cached_len, req.uid)
-            next_tokens_cpu = host[: batch.size]
-        return ForwardOutput(next_tokens, next_tokens_cpu, event, logits)
+        return ForwardOutput(next_tokens, event, logits, host[: batch.size],
+                             self._settler(batch, args, logits, undo_draws, before))
+
+    def _settler(
+        self,
+        batch: Batch,
+        args: BatchSamplingArgs,
+        logits: torch.Tensor,
+        undo_draws: Callable[[], None],
+        live_before: dict[int, tuple[int, int] | None],
+    ) -> Callable[[torch.Tensor], None]:
+        """The check of a step's host tokens, run once: -1 rows raise NonFiniteLogitsError after the step is undone
+        (requests, live rows, random streams), so the batch's other requests can run again as if it never ran."""
+        settled = [False]
+
+        def settle(host: torch.Tensor) -> None:
+            if settled[0]:
+                return
+            settled[0] = True
+            bad = (host < 0).nonzero().flatten().tolist()
+            if not bad:
+                return
+            for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
+                req.cached_len, req.device_len = cached_len, device_len
+            for row, live in live_before.items():
+                if live is None:
+                    self.live_rows.pop(row, None)
+                else:
+                    self.live_rows[row] = live
+            undo_draws()
+            self.sampler.raise_for_rows(bad, args, logits)
+
+        return settle
 
     def shutdown(self) -> None:
         """Release graphs, communication and memory, and restore the thread count. Safe to call twice."""

@@ -19,8 +19,10 @@ FlashInfer decides on float32 probabilities, so where tied probabilities straddl
 follow the tie rules above (oracle.sampler's prob_ties; tests/gpu/test_gpu_sampler_ties.py records what it does).
 
 Rows with nothing to sample (NaN or +inf logits, every logit -inf, or logits / temperature past float32) raise
-NonFiniteLogitsError naming them, before any noise is drawn: the engine's generator is untouched, so the other
-rows, run again without the bad ones, get the same tokens as before. No row ever gets a made-up token.
+NonFiniteLogitsError naming them, and the random streams are put back where they were before the draw, so the other
+rows, run again without the bad ones, get the same tokens as before. No row ever gets a made-up token. sample()
+raises at once; sample_deferred() (the engine's, without a host sync) marks those rows -1 and hands back the
+undo, and the engine raises when the caller reads the tokens (ForwardOutput.result).
 """
 
 from __future__ import annotations
@@ -134,16 +136,17 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: float32 [bs, vocab] → int32 token ids [bs]. Raises NonFiniteLogitsError (see the module doc)."""
-        tokens, deferred = self.sample_deferred(logits, args)
-        if deferred:
-            self.raise_for_rows((tokens < 0).nonzero().flatten().tolist(), args, logits)
+        tokens, undo = self.sample_deferred(logits, args)
+        bad = (tokens < 0).nonzero().flatten().tolist()
+        if bad:
+            undo()
+            self.raise_for_rows(bad, args, logits)
         return tokens
 
-    def sample_deferred(self, logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, bool]:
-        """Like sample, without a host sync for an all-greedy batch: it returns (tokens, True) where a row with
-        nothing to sample holds -1, and the caller, once the tokens are on the host (one transfer), passes the
-        rows holding -1 to raise_for_rows before using them. Batches that draw noise are checked here, before any
-        is drawn, and return (tokens, False)."""
+    def sample_deferred(self, logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Like sample, without a host sync: (tokens, undo), where a row with nothing to sample holds -1 (its
+        draw is made from a harmless stand-in row). A caller that finds a -1 calls undo(), which puts the random
+        streams back as they were before this call, and then raise_for_rows."""
         bs = len(args.row_seeds)
         if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
             raise InvalidRequestError(
@@ -153,17 +156,33 @@ class Sampler:
         bad = ~logits.amax(dim=-1).isfinite()
         argmax = logits.argmax(dim=-1)
         if args.all_greedy:
-            return torch.where(bad, -1, argmax).to(torch.int32), True
+            return torch.where(bad, -1, argmax).to(torch.int32), _nothing
+        undo = self._saved_streams()
         if self.draws_with_flashinfer(args):
             # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
             probs = _tempered_softmax(logits, args)
-            self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
-            sampled = self.flashinfer_draw(probs, args)
+            bad = bad | (probs.isnan().any(dim=-1) & ~args.greedy)
+            sampled = self.flashinfer_draw(_stand_in(probs, bad), args)
         else:
             probs = self.filtered_probs(logits, args)
-            self._check_rows(bad | (probs.isnan().any(dim=-1) & ~args.greedy), args, logits)
+            bad = bad | (probs.isnan().any(dim=-1) & ~args.greedy)
+            probs = _stand_in(probs, bad)
             sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
-        return torch.where(args.greedy, argmax, sampled).to(torch.int32), False
+        tokens = torch.where(args.greedy, argmax, sampled)
+        return torch.where(bad, -1, tokens).to(torch.int32), undo
+
+    def _saved_streams(self) -> Callable[[], None]:
+        """An undo for the draws about to be made: the generator's state (host-side, no sync) and FlashInfer's
+        device offset (a copy on the stream)."""
+        state = self.generator.get_state()
+        offset = self.philox_offset.clone() if self.use_flashinfer else None
+
+        def undo() -> None:
+            self.generator.set_state(state)
+            if offset is not None:
+                self.philox_offset.copy_(offset)
+
+        return undo
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         """Whether sample() draws this batch with FlashInfer's kernels (no seeded row) rather than the torch path."""
@@ -226,12 +245,6 @@ class Sampler:
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
 
-    @classmethod
-    def _check_rows(cls, bad: torch.Tensor, args: BatchSamplingArgs, logits: torch.Tensor) -> None:
-        """One host sync; the message is built only on the error path."""
-        if bool(bad.any()):
-            cls.raise_for_rows(bad.nonzero().flatten().tolist(), args, logits)
-
     @staticmethod
     def raise_for_rows(rows: list[int], args: BatchSamplingArgs, logits: torch.Tensor) -> None:
         """Raise NonFiniteLogitsError for these batch rows (none: return)."""
@@ -283,6 +296,18 @@ class Sampler:
                 noise[row].exponential_(generator=gen)
         # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def _nothing() -> None:
+    """The undo of a draw that drew nothing (an all-greedy batch)."""
+
+
+def _stand_in(probs: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """probs with each bad row replaced by a one-hot on token 0, so the draw kernels never see a NaN row; those
+    rows' tokens are discarded (-1) anyway."""
+    one_hot = torch.zeros_like(probs[:1])
+    one_hot[0, 0] = 1.0
+    return torch.where(bad.unsqueeze(1), one_hot, probs)
 
 
 def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:

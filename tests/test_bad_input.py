@@ -445,6 +445,32 @@ def test_engine_names_the_request_with_nan_logits(contract: Contract, monkeypatc
     contract.still_generates()
 
 
+def test_forward_batch_returns_at_once_and_the_error_comes_with_the_host_tokens(
+    contract: Contract, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's forward_batch: the requests advance before the tokens are read; result() finds the -1 row, puts
+    the step back (requests, live rows, the engine's generator) and raises, so the others run again as if it
+    never ran."""
+    engine = contract.engine
+    forward = engine.model.forward
+    sampled = SamplingParams(temperature=100.0, max_tokens=4)  # unseeded and near uniform: the noise decides
+    reqs = [make_req((5, 6), table_idx=0, uid=7, params=sampled), make_req((8, 9), table_idx=1, uid=8, params=sampled)]
+    nan_row = torch.tensor([1])
+    monkeypatch.setattr(engine.model, "forward", lambda *args: forward(*args).index_fill_(0, nan_row, math.nan))
+    engine.sampler.reseed(3)
+    out = engine.forward_batch(*engine.prepare_batch(reqs, "prefill"))
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(2, 3), (2, 3)]  # advanced, not yet checked
+    assert out.next_tokens_gpu.tolist()[1] == -1
+    expect(NonFiniteLogitsError, out.result, "request(s) [8]", "NaN logits")
+    assert [(r.cached_len, r.device_len) for r in reqs] == [(0, 2), (0, 2)] and not engine.live_rows
+    monkeypatch.undo()
+    again = run_batch(engine, reqs[:1])
+    engine.sampler.reseed(3)
+    fresh = run_batch(engine, [make_req((5, 6), table_idx=2, uid=9, params=sampled)])
+    assert torch.equal(again, fresh), "the failed step's draw was not undone"
+    contract.still_generates()
+
+
 # ---- lifecycle -----------------------------------------------------------------------------------------------
 def test_shutdown_twice_then_every_use_is_refused(contract: Contract) -> None:
     engine = contract.engine
