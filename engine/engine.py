@@ -179,7 +179,7 @@ class Engine:
             )
         self.num_pages = self.comm.min_int(num_pages)
         self.limits = Limits(config.max_running_req, self.max_seq_len, self.model_config.vocab_size,
-                             self.num_pages * config.page_size)
+                             self.num_pages * config.page_size, config.page_size)
         self.kv_cache = KVCachePool(
             self.model_config.num_layers, self.num_pages, config.page_size, self.local_config.num_kv_heads,
             self.model_config.head_dim, self.dtype, self.device.torch_device,

@@ -22,7 +22,7 @@ class BatchInputs:
     ids: torch.Tensor  # int32 [tokens], device: the new tokens, request by request
     positions: torch.Tensor  # int64 [tokens], device: their positions, which are also their page-table columns
     out_loc: torch.Tensor  # int32 [tokens], device: the KV slots they write
-    flags: torch.Tensor  # bool [1 or 2], device: slot_verdict's, not yet read
+    flags: torch.Tensor  # bool [1 to 3], device: slot_verdict's, not yet read
     others: list[int]  # live page-table rows outside the batch, whose cached KV the batch may not overwrite
 
 
@@ -74,7 +74,7 @@ def build_inputs(
     out_loc = table[token_req_d, positions_d]
     live = page_table.index_select(0, others_d)[:, : max(other_lens)] if others else None
     flags = slot_verdict(
-        table, cached_d, device_d, out_loc, live, other_lens_d if others else None, limits.num_slots,
+        table, cached_d, device_d, out_loc, live, other_lens_d if others else None, limits,
         written_or_cached=len(ids) > 1 or max(cached) > 0 or bool(others),
     )
     return BatchInputs(ids_d, positions_d, out_loc, flags, others)

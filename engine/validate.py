@@ -28,6 +28,7 @@ class Limits:
     max_seq_len: int
     vocab: int
     num_slots: int  # num_pages * page_size: the real KV slots; the dummy page's start here
+    page_size: int
 
 
 def validate_batch(
@@ -124,15 +125,23 @@ def slot_verdict(
     out_loc: torch.Tensor,
     live: torch.Tensor | None,
     live_lens: torch.Tensor | None,
-    num_slots: int,
+    limits: Limits,
     written_or_cached: bool,
 ) -> torch.Tensor:
-    """The device half of the slot checks, launched and not waited for: bool [2], a slot the batch reads or writes
-    is out of the pool; a written slot is written twice or holds cached KV (of the batch, or of the live rows
-    outside it: `live`, their page-table rows, and `live_lens`). table: the batch's page-table rows."""
+    """The device half of the slot checks, launched and not waited for: bool [2 or 3], a slot the batch reads or
+    writes is out of the pool, or (page_size > 1) breaks the page structure; a written slot is written twice or
+    holds cached KV (of the batch, or of the live rows outside it: `live`, their page-table rows, and
+    `live_lens`). table: the batch's page-table rows."""
+    num_slots, ps = limits.num_slots, limits.page_size
     cols = torch.arange(table.shape[1], device=table.device)
-    out_of_range = ((table < 0) | (table >= num_slots)) & (cols < device_len.unsqueeze(1))
+    used = cols < device_len.unsqueeze(1)
+    out_of_range = ((table < 0) | (table >= num_slots)) & used
     checks = [out_of_range.any()]
+    if ps > 1:
+        # Paged kernels (FlashInfer) read whole pages: position j must sit at offset j % ps of the page that
+        # holds the first position of its block.
+        first = table[:, (cols // ps) * ps]
+        checks.append((((table % ps != cols % ps) | (table // ps != first // ps)) & used).any())
     if written_or_cached:
         # One count per slot: cached slots count 2, each new token adds 1, so a written slot that is cached or
         # written twice counts more than 1. (isin and sort cost a host sync and ~0.5 ms here.)
@@ -165,7 +174,7 @@ def check_slots(
         return
     # The error path: find the first offending request for the message.
     table = page_table
-    limit = limits.num_slots
+    limit, ps = limits.num_slots, limits.page_size
     rows = [table[r.table_idx] for r in reqs]
     for row, req in zip(rows, reqs):
         slots = row[: req.device_len]
@@ -176,6 +185,15 @@ def check_slots(
                 f"request {req.uid}: page_table[{req.table_idx}, {pos}] = {int(slots[pos])} is not a KV slot: "
                 f"slots lie in [0, num_pages * page_size = {limit})"
             )
+        values = slots.tolist()
+        for pos, slot in enumerate(values):
+            page = values[pos - pos % ps] // ps
+            if slot != page * ps + pos % ps:
+                raise InvalidRequestError(
+                    f"request {req.uid}: page_table[{req.table_idx}, {pos}] = {slot} breaks the page structure: "
+                    f"with page_size={ps}, position {pos} must be slot {page * ps + pos % ps} (offset {pos % ps} of "
+                    f"page {page}, which holds position {pos - pos % ps})"
+                )
     owner: dict[int, str] = {}
     for row, req in zip(rows, reqs):
         for slot in row[: req.cached_len].tolist():

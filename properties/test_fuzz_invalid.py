@@ -289,6 +289,11 @@ def _free_slots(driver: StaticDriver) -> list[int]:
     return [page * ps + offset for page in driver.allocator.free for offset in range(ps)]
 
 
+def _page_slots(pages: list[int], page_size: int, n: int) -> list[int]:
+    """The slots of positions [0, n) on these pages in order: the page structure the engine requires."""
+    return [page * page_size + offset for page in pages for offset in range(page_size)][:n]
+
+
 def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
     """Build and submit one invalid hand-made batch (page-table writes of ours land in free rows only)."""
     engine = driver.engine
@@ -363,11 +368,16 @@ def _alias_outside_the_batch(driver: StaticDriver, rnd: Any) -> None:
         return
     target = rnd.choice(live)
     victim = int(engine.page_table[target.table_idx, rnd.randrange(target.cached_len)])
-    row, fresh = rnd.choice(free), _free_slots(driver)
-    n = rnd.randint(1, min(6, len(fresh) + 1))
-    slots = rnd.sample(fresh, n - 1)
-    column = rnd.randrange(n)
-    slots.insert(column, victim)
+    row, ps = rnd.choice(free), driver.page_size
+    # Whole pages, as the engine requires: one block of the row is the victim's page, the rest are free pages.
+    n = rnd.randint(1, min(6, (len(driver.allocator.free) + 1) * ps))
+    blocks = -(-n // ps)
+    pages = rnd.sample(list(driver.allocator.free), blocks - 1)
+    pages.insert(rnd.randrange(blocks), victim // ps)
+    slots = _page_slots(pages, ps, n)
+    if victim not in slots:  # the victim's offset lies past the row's end: end the row there
+        n = slots.index(victim - victim % ps) + victim % ps + 1
+        slots = _page_slots(pages, ps, n)
     phase = "decode" if n == 1 and rnd.random() < 0.5 else "prefill"  # a lone token at cached_len 0 may be either
     req = Req(torch.tensor([rnd.randrange(TINY_VOCAB) for _ in range(n)], dtype=torch.int32), row, 0, 1,
               HAND_UID + 1, SamplingParams())
@@ -376,8 +386,8 @@ def _alias_outside_the_batch(driver: StaticDriver, rnd: Any) -> None:
     try:
         _rejects(
             driver, InvalidRequestError, lambda: engine.forward_batch(*engine.prepare_batch([req], phase)),
-            f"request {req.uid}:", f"page_table[{row}, {column}] = {victim}",
-            f"request {target.uid} in page-table row {target.table_idx}",
+            f"request {req.uid}:", f"would overwrite cached KV of request {target.uid} in page-table row "
+            f"{target.table_idx}",
         )
     finally:
         engine.page_table[row] = saved
@@ -388,18 +398,18 @@ def _hand_batch(driver: StaticDriver, rnd: Any, hand_runs: list[HandRun]) -> Non
     prepare_batch/forward_batch, beside the driver's live requests; then its row is released and restored. It may
     write its own slots only; its tokens are checked against HF at the end of the example."""
     engine = driver.engine
-    free, fresh = list(driver.free_rows), _free_slots(driver)
+    free, free_pages, ps = list(driver.free_rows), list(driver.allocator.free), driver.page_size
     steps = rnd.randint(0, 2)
-    runs = bool(free) and len(fresh) >= steps + 1
+    runs = bool(free) and len(free_pages) * ps >= steps + 1
     exercised("a valid hand-built batch finds a free row and slots, beside a live row", runs and bool(engine.live_rows),
               floor=0.5)
     if not runs:
         event("hand batch: no free row or slots")
         return
     row = rnd.choice(free)
-    n = rnd.randint(1, min(8, len(fresh) - steps))
+    n = rnd.randint(1, min(8, len(free_pages) * ps - steps))
     prompt = [rnd.randrange(TINY_VOCAB) for _ in range(n)]
-    slots = rnd.sample(fresh, n + steps)
+    slots = _page_slots(rnd.sample(free_pages, -(-(n + steps) // ps)), ps, n + steps)
     uid = HAND_UID
     req = Req(torch.tensor(prompt, dtype=torch.int32), row, 0, steps + 1, uid, SamplingParams(max_tokens=steps + 1))
     before, live_before = engine_state(engine, driver), dict(engine.live_rows)
