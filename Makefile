@@ -13,7 +13,7 @@ ifdef PLUGIN
 export HFPARITY_PLUGINS := $(PLUGIN)
 endif
 
-.PHONY: venv model test demo lint properties-deep mutants bench clean
+.PHONY: venv model test demo lint properties-deep mutants bench bench-baseline clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,16 @@ properties-deep: venv model
 mutants: venv model
 	$(BIN)/python -m oracle.mutants
 
+# Regression runs against a named baseline per machine, benchmarks/baselines/$(NAME).json (see benchmarks/README.md):
+# `make bench-baseline NAME=cpu-2core` saves it, `make bench NAME=cpu-2core` compares with it under the gate that
+# benchmarks/baseline.py keeps for that name; `GATE=report` (never fails) or `GATE=min:20%` overrides it once.
+NAME ?=
+GATE ?=
 bench: venv model
-	$(BIN)/python -m pytest benchmarks --benchmark-autosave --benchmark-compare --benchmark-compare-fail=median:15%
+	$(BIN)/python -m benchmarks.baseline compare "$(NAME)" $(if $(GATE),--gate "$(GATE)") -- $(PYTEST_ARGS)
+
+bench-baseline: venv model
+	$(BIN)/python -m benchmarks.baseline save "$(NAME)" -- $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -7,6 +7,8 @@ SmolLM2-135M in fp32, built once into the cache by oracle.zoo.
 from __future__ import annotations
 
 import inspect
+import os
+import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ from engine import Engine, EngineConfig, Req, SamplingParams
 from engine.core import Batch
 from engine.device import flashinfer_installed
 from engine.sample import Sampler
+from oracle.environment import cpu_model, flashinfer_version
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 GPU_SHAPE = "qwen3-0.6b"
@@ -26,6 +29,35 @@ GPU_SHAPE = "qwen3-0.6b"
 
 def has_cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def torch_info() -> dict[str, object]:
+    """The torch side of where a benchmark ran: versions, the GPU (None without CUDA) and the CPU threads.
+
+    pytest-benchmark's own machine_info (node, CPU, Python, OS) has none of it; benchmarks/conftest.py adds it there.
+    """
+    cuda = torch.cuda.is_available()
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "flashinfer": flashinfer_version(),
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def machine_info() -> dict[str, object]:
+    """Where a benchmark ran, for the JSON files benchmarks.compare and profile_step write: host, CPU, Python, torch."""
+    return {
+        "node": platform.node(),
+        "system": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        **torch_info(),
+    }
 
 
 def synchronize(device: torch.device) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from engine import Engine
 
-from .common import build_engine, has_cuda, model_for
+from .common import build_engine, has_cuda, model_for, torch_info
 
 # Decode batch sizes per device, the decode context (prompt tokens) and the prefill lengths.
 DECODE_BS = {"cpu": (1, 8), "cuda": (1, 8, 64, 256)}
@@ -29,16 +29,10 @@ def device_params(cases: Mapping[str, Sequence[object]]) -> list[object]:
     ]
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    """The first saved run on a machine has nothing to compare with: skip the regression gate instead of failing.
-
-    pytest-benchmark raises a UsageError when --benchmark-compare-fail finds no previous run (it has already
-    warned "Can't compare"); `tox -e bench` must pass there, since that run only sets the baseline.
-    """
-    session = getattr(config, "_benchmarksession", None)
-    if session is not None and session.compare_fail and not session.compared_mapping:
-        session.compare_fail = []
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, object]) -> None:
+    """Saved runs and baselines say which torch, CUDA, GPU and thread count produced them, next to pytest-benchmark's
+    node, CPU and Python; a compare against a baseline made with others warns that machine_info differs."""
+    machine_info.update(torch_info())
 
 
 def _engine(device: str) -> Engine:

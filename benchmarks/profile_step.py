@@ -12,7 +12,9 @@ the device inside forward_batch, so host work is step time minus the graph's dev
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import shlex
 import sys
 import time
 from collections import defaultdict
@@ -26,8 +28,9 @@ import torch
 import engine.engine as engine_module
 from engine import Engine, SamplingParams
 from engine.driver import StaticDriver
+from oracle.environment import git_commit
 
-from .common import build_engine, model_for, random_prompts, synchronize
+from .common import build_engine, machine_info, model_for, random_prompts, synchronize
 
 
 @contextmanager
@@ -145,7 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         results = [profile_batch(engine, bs, args.context, args.steps, args.trace) for bs in args.batch_sizes]
     finally:
         engine.shutdown()
-    text = json.dumps(results, indent=1)
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "device": device.type,
+        "model": choice.label,
+        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.profile_step", *(argv or sys.argv[1:])]),
+        "machine_info": machine_info(),
+    }
+    text = json.dumps({"meta": meta, "results": results}, indent=1)
     print(text)
     if args.json:
         args.json.write_text(text)

@@ -48,7 +48,7 @@ def git_commit() -> str:
     return (sha or "unknown") + ("+dirty" if sha and dirty else "")
 
 
-def _flashinfer_version() -> str | None:
+def flashinfer_version() -> str | None:
     if importlib.util.find_spec("flashinfer") is None:
         return None
     for dist in ("flashinfer-python", "flashinfer"):
@@ -68,7 +68,7 @@ def library_versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "hfparity-engine": __version__,
     }
-    flashinfer = _flashinfer_version()
+    flashinfer = flashinfer_version()
     if flashinfer is not None:
         versions["flashinfer"] = flashinfer
     return versions

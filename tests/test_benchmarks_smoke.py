@@ -28,6 +28,7 @@ def test_compare_grid_runs_the_same_work_on_both_sides(
     assert main(args + (["--isolate", ",".join(isolated)] if isolated else [])) == 0
     result = json.loads(out.read_text())
     assert result["meta"]["isolated"] == isolated
+    assert result["meta"]["machine_info"]["torch"] == torch.__version__ and result["meta"]["machine_info"]["cpu"]
     plan = Plan.for_device(torch.device("cpu"), quick=True)
     assert result["meta"]["plan"]["batch_sizes"] == list(plan.batch_sizes)
     grid = result["grid"]
@@ -73,7 +74,9 @@ def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: d
     out = tmp_path / "profile.json"
     args = ["--device", "cpu", "--model", str(tiny_models["qwen3"]), "--batch-sizes", "1,3", "--context", "8"]
     assert profile_step.main([*args, "--steps", "4", "--json", str(out)]) == 0
-    results = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert written["meta"]["machine_info"]["torch"] == torch.__version__ and written["meta"]["device"] == "cpu"
+    results = written["results"]
     assert [r["batch"] for r in results] == [1, 3]
     for r in results:
         assert r["step_ms"] > 0 and r["graph_device_ms"] is None  # no graphs on CPU

@@ -17,7 +17,7 @@ import torch
 
 from oracle.environment import cpu_model, git_commit
 
-from ..common import ModelChoice
+from ..common import ModelChoice, machine_info
 from .plan import Plan
 
 
@@ -80,6 +80,7 @@ def run_meta(device: torch.device, choice: ModelChoice, plan: Plan, argv: list[s
         "commit": git_commit(),
         "device": device.type,
         "machine": machine(device),
+        "machine_info": machine_info(),  # node, CPU, Python, torch, CUDA and GPU: where the numbers came from
         "model": choice.label,
         "dtype": str(choice.dtype).removeprefix("torch."),
         "torch": torch.__version__,
