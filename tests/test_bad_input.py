@@ -234,6 +234,29 @@ def test_bad_page_table_slots_rejected(
     contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, [make_req()]), *needles)
 
 
+PAGE_STRUCTURE_CASES = [
+    ("offset off by one", [1, 2, 3, 4, 5], (0, "= 1", "slot 0")),
+    ("two pages in one block", [0, 1, 6, 7, 8], (2, "= 6", "slot 2")),
+    ("a block starting mid-page", [4, 5, 6, 7, 9], (4, "= 9", "slot 8")),
+    ("token-granular slots", [8, 3, 14, 0, 1], (1, "= 3", "slot 9")),
+]
+
+
+@pytest.mark.parametrize("name,slots,expected", PAGE_STRUCTURE_CASES, ids=[c[0] for c in PAGE_STRUCTURE_CASES])
+def test_rows_must_keep_the_page_structure(
+    qwen3: Path, name: str, slots: list[int], expected: tuple[int, str, str]
+) -> None:
+    """Paged kernels (FlashInfer) read whole pages, so with page_size 4 position j must be at offset j % 4 of the
+    page its block starts on; the torch backend would compute these rows right, FlashInfer wrong."""
+    engine = Engine(cpu_config(qwen3, page_size=4, num_page_override=16, max_running_req=2, max_seq_len_override=32))
+    contract = Contract.of(engine)
+    engine.page_table[0, : len(slots)] = torch.tensor(slots, dtype=torch.int32)
+    pos, value, slot = expected
+    contract.rejects(InvalidRequestError, lambda: run_batch(engine, [make_req((1, 2, 3, 4, 5))]),
+                     f"page_table[0, {pos}] {value}", "breaks the page structure", f"must be {slot}")
+    engine.shutdown()
+
+
 def test_new_token_may_not_overwrite_cached_kv_of_another_request(contract: Contract) -> None:
     engine = contract.engine
     first = make_req((5, 6, 7), table_idx=0, uid=10)
