@@ -35,8 +35,9 @@ class NonFiniteLogitsError(EngineError):
     """Some rows of a batch have no token to sample: NaN or +inf logits, every logit -inf, or a temperature so
     small that logits / temperature overflows float32.
 
-    Raised before any random draw and before the requests advance, so nothing changed: abort the requests in
-    ``uids`` and run the others again; they get exactly the tokens they would have got without the bad rows.
+    Raised when the step's tokens are read (ForwardOutput.result), once the step is undone: the requests, the live
+    rows and the random streams are as before forward_batch. Abort the requests in ``uids`` and run the others
+    again; they get exactly the tokens they would have got without the bad rows (StaticDriver does this itself).
     """
 
     def __init__(self, message: str, rows: list[int], uids: list[int]) -> None:
