@@ -182,6 +182,12 @@ class Req:
         return self.device_len < self.num_tokens
 
     @property
+    def token_pending(self) -> bool:
+        """The last token, at device_len - 1, was sampled on the device and not appended yet: the next step reads
+        it there (Engine.forward_batch keeps each row's last token on the device)."""
+        return self.num_tokens == self.device_len - 1
+
+    @property
     def remain_len(self) -> int:
         return self.max_device_len - self.device_len
 
@@ -219,6 +225,12 @@ class Batch:
     input_ids: torch.Tensor = _EMPTY_INT32
     positions: torch.Tensor = _EMPTY_INT32
     out_loc: torch.Tensor = _EMPTY_INT32
+    # int64 [padded_size]: the page-table rows the attention backend reads, one per padded request; prepare_batch
+    # points them all at the dummy row when the step's slot verdict fails (engine/validate.py), so a bad page
+    # table is never read.
+    table_rows: torch.Tensor = _EMPTY_INT32
+    rows: torch.Tensor = _EMPTY_INT32  # int64 [size]: each request's own row (where its sampled token is kept)
+    slot_flags: torch.Tensor = _EMPTY_INT32  # bool, device: the slot verdict (any True: the step is refused)
     padded_reqs: list[Req] = field(default_factory=list)
     attn_metadata: BaseAttnMetadata | None = None
     # (cached_len, device_len) of each request when prepare_batch built the batch; forward_batch runs it only

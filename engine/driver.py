@@ -23,7 +23,7 @@ import torch
 
 from .core import Req, SamplingParams, checked_bool, checked_int, is_int
 from .device import upload
-from .engine import Engine
+from .engine import Engine, ForwardOutput
 from .errors import CapacityError, ConfigError, EngineBusyError, InvalidRequestError, NonFiniteLogitsError
 from .validate import prompt_tensor
 
@@ -95,6 +95,7 @@ class RequestState:
     """The driver's view of one request: its Req plus pages, outputs and prefill chunking."""
 
     req: Req
+    prompt_len: int
     pages: list[int] = field(default_factory=list)
     reserved_pages: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -117,6 +118,28 @@ class Generation:
     finish_reason: str  # "length", "eos", "abort", or "error" (the request could not continue)
     logits: list[torch.Tensor]  # one float32 [vocab] row per generated token, when recorded
     error: str | None = None  # why, when finish_reason is "error"
+
+
+# (request, cached_len, device_len, prefill chunks) before a pass changed them
+_Saved = tuple[RequestState, int, int, tuple[int, ...]]
+
+
+def _restore(saved: list[_Saved]) -> None:
+    """Put back the requests a pass that did not complete had advanced (the engine put back its own part)."""
+    for seq, cached_len, device_len, chunks in saved:
+        if seq.req.cached_len == cached_len:
+            seq.req.device_len = device_len
+            seq.chunks = deque(chunks)
+
+
+@dataclass
+class _Launch:
+    """A pass started on the device, whose tokens the driver has not taken yet."""
+
+    seqs: list[RequestState]
+    partial: list[bool]  # per request: a prefill chunk that yields no token
+    out: ForwardOutput
+    saved: list[_Saved]
 
 
 @dataclass
@@ -158,7 +181,7 @@ class StaticDriver:
         else:
             eos = frozenset(int(t) for t in eos_token_ids)
         self.record_logits = checked_bool(ConfigError, "record_logits", record_logits)
-        previous = engine.owner() if engine.owner is not None else None
+        previous = engine.driver()
         if previous is not None and previous.running:
             raise EngineBusyError(
                 f"this engine is driven by another StaticDriver with {len(previous.running)} running request(s) "
@@ -202,7 +225,7 @@ class StaticDriver:
             for uid in list(self.running):
                 self._finish(self.running[uid], "abort")
             self._retired = "it was closed"
-            if self.engine.owner is not None and self.engine.owner() is self:
+            if self.engine.driver() is self:
                 self.engine.owner = None
 
     # ---- request lifecycle -------------------------------------------------------------------------------
@@ -257,7 +280,7 @@ class StaticDriver:
         self._next_uid += 1
         params = admission.params
         req = Req(admission.ids, self.free_rows.popleft(), 0, params.max_tokens, uid, params)
-        self.running[uid] = RequestState(req, reserved_pages=admission.pages, chunks=deque(admission.chunks))
+        self.running[uid] = RequestState(req, len(admission.ids), reserved_pages=admission.pages, chunks=deque(admission.chunks))
         return uid
 
     def _finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:
@@ -313,8 +336,9 @@ class StaticDriver:
             for offset in range(min(ps, width - start)):
                 flat.append(row * width + start + offset)
                 slots.append(page * ps + offset)
-        packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
-        table.view(-1)[packed[0]] = packed[1].to(torch.int32)
+        with self.engine.device.stream_context():  # after the passes in flight that read the table, in order
+            packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
+            table.view(-1)[packed[0]] = packed[1].to(torch.int32)
 
     # ---- stepping -------------------------------------------------------------------------------------------
     def _prefill_targets(self) -> list[tuple[RequestState, int]]:
@@ -337,7 +361,8 @@ class StaticDriver:
         return out
 
     def step(self) -> dict[int, int]:
-        """Run one forward pass (prefill of new requests first, else decode); returns {uid: new token}.
+        """Run one forward pass (prefill of new requests first, else decode) and wait for it; returns {uid: new
+        token}.
 
         A request whose logits have no token to sample (NonFiniteLogitsError) finishes with finish_reason
         "error", and the pass runs again for the others, who get exactly the tokens they would have got without
@@ -346,57 +371,63 @@ class StaticDriver:
         """
         with self._exclusive("step"):
             while True:
-                try:
-                    return self._restoring_step()
-                except NonFiniteLogitsError as e:
-                    stuck = [uid for uid in e.uids if uid in self.running]
-                    if not stuck:
-                        raise
-                    for uid in stuck:
-                        self._finish(self.running[uid], "error", str(e))
+                launch = self._launch()
+                if launch is None:
+                    return {}
+                produced = self._land_or_retire(launch)
+                if produced is not None:
+                    return produced
 
-    def _restoring_step(self) -> dict[int, int]:
-        saved = [(seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in self.running.values()]
+    def _launch(self) -> _Launch | None:
+        """Build and start the next pass on the device without waiting for it; None when nothing can run. If
+        the pass cannot start, the requests are left as they were."""
+        targets = self._prefill_targets_saving()
+        if targets is None:
+            return None
+        seqs, saved, phase = targets
         try:
-            return self._forward_step()
+            if phase == "prefill":
+                self._map_pages(seqs, [s.req.device_len for s in seqs])
+            else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
+                self._map_pages(
+                    seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * self.page_size) for s in seqs]
+                )
+            partial = [s.req.is_partial_prefill for s in seqs]
+            batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
+            return _Launch(seqs, partial, self.engine.forward_batch(batch, args), saved)
         except BaseException:
-            for seq, cached_len, device_len, chunks in saved:
-                if seq.req.cached_len == cached_len:  # the forward pass did not complete for it
-                    seq.req.device_len = device_len
-                    seq.chunks = deque(chunks)
+            _restore(saved)
             raise
 
-    def _forward_step(self) -> dict[int, int]:
+    def _prefill_targets_saving(self) -> tuple[list[RequestState], list[_Saved], str] | None:
+        """The next pass's requests and phase, with their lengths set and what they were saved; a request whose
+        tokens are all sampled (waiting for the host) is left out."""
+        saved = [(seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in self.running.values()]
         targets = self._prefill_targets()
-        phase = "prefill" if targets else "decode"
         if targets:
-            seqs = [s for s, _ in targets]
             for seq, end in targets:
                 seq.req.device_len = end
-        else:
-            seqs = list(self.running.values())
-        if not seqs:
-            return {}
-        if targets:
-            self._map_pages(seqs, [s.req.device_len for s in seqs])
-        else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
-            self._map_pages(
-                seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * self.page_size) for s in seqs]
-            )
-        partial = [s.req.is_partial_prefill for s in seqs]
-        batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
-        out = self.engine.forward_batch(batch, args)
-        out.copy_done_event.synchronize()
+            return [s for s, _ in targets], saved, "prefill"
+        seqs = [s for s in self.running.values() if s.req.device_len - s.prompt_len < s.req.sampling_params.max_tokens]
+        return (seqs, saved, "decode") if seqs else None
+
+    def _land(self, launch: _Launch) -> dict[int, int]:
+        """Wait for a pass's tokens and hand them to its requests (those finished meanwhile are skipped); if it
+        failed, its requests are put back and the error raised."""
+        try:
+            tokens = launch.out.result().tolist()
+        except BaseException:
+            _restore(launch.saved)
+            raise
         produced: dict[int, int] = {}
-        tokens = out.next_tokens_cpu.tolist()
-        for i, (seq, was_partial) in enumerate(zip(seqs, partial)):
-            if was_partial:
+        for i, (seq, was_partial) in enumerate(zip(launch.seqs, launch.partial)):
+            if was_partial or seq.finished:
                 continue
             token = tokens[i]
             seq.req.append_host(token)
             seq.output_ids.append(token)
             if self.record_logits:
-                seq.logits.append(out.logits[i].detach().to("cpu", torch.float32))
+                seq.logits.append(launch.out.logits[i].detach().to("cpu", torch.float32))
             produced[seq.req.uid] = token
             if len(seq.output_ids) >= seq.req.sampling_params.max_tokens:
                 self._finish(seq, "length")
@@ -404,10 +435,44 @@ class StaticDriver:
                 self._finish(seq, "eos")
         return produced
 
+    def _land_or_retire(self, launch: _Launch) -> dict[int, int] | None:
+        """_land, except that requests with nothing to sample finish with "error" (None: their pass must run
+        again for the others, who were put back)."""
+        try:
+            return self._land(launch)
+        except NonFiniteLogitsError as e:
+            stuck = [uid for uid in e.uids if uid in self.running]
+            if not stuck:
+                raise
+            for uid in stuck:
+                self._finish(self.running[uid], "error", str(e))
+            return None
+
+    def _drive(self, pending: deque[_Admission] | None = None, uids: list[int] | None = None) -> None:
+        """Run until everything (and `pending`, admitted as rows and pages free up) has finished, overlapped: the
+        next pass is built and started while the device runs the current one, and only then are the current
+        one's tokens waited for. A request that hits EOS rides one pass more, whose token is dropped."""
+        inflight: _Launch | None = None
+        try:
+            while pending or self.running or inflight is not None:
+                if pending and uids is not None:
+                    self._admit_what_fits(pending, uids)
+                nxt = self._launch()
+                if inflight is not None and nxt is not None and inflight.out.failed:
+                    nxt.out.undo()  # last in, first out: the failed pass is undone after the one built on it
+                    _restore(nxt.saved)
+                    nxt = None
+                landing, inflight = inflight, None
+                if landing is not None:
+                    self._land_or_retire(landing)
+                inflight = nxt
+        finally:
+            if inflight is not None:  # an exception (or interrupt) between launch and land: keep its tokens
+                self._land_or_retire(inflight)
+
     def run(self) -> None:
         with self._exclusive("run"):
-            while self.running:
-                self.step()
+            self._drive()
 
     def result(self, uid: int) -> Generation:
         if uid not in self.finished:
@@ -436,9 +501,7 @@ class StaticDriver:
         """Step until `pending` is admitted and everything has finished; on an exception, drop this call's
         requests (`uids`, numbered from first_uid) before it propagates."""
         try:
-            while pending or self.running:
-                self._admit_what_fits(pending, uids)
-                self.step()
+            self._drive(pending, uids)
         except BaseException:
             self._drop(uids, first_uid)
             raise

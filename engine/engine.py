@@ -36,7 +36,7 @@ from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weigh
 from .moe import MOE_BACKENDS
 from .registry import Where
 from .sample import SAMPLERS, BatchSamplingArgs
-from .validate import Limits, check_fresh, check_memory, check_slots, validate_batch
+from .validate import Limits, check_fresh, check_memory, raise_slot_error, validate_batch
 
 
 @dataclass(frozen=True)
@@ -52,25 +52,87 @@ class _Choices:
 @dataclass
 class ForwardOutput:
     """One step's tokens: on the device at once, on the host behind copy_done_event. The step's errors (a row with
-    nothing to sample) travel with the host tokens and are raised by result()."""
+    nothing to sample, a page table that failed the slot checks) travel with the host tokens and are raised by
+    result(), after the step is undone."""
 
     next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
     copy_done_event: Event
     logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
-    host_tokens: torch.Tensor  # int32 [bs], pinned on CUDA: what result() checks and returns
-    settle: Callable[[torch.Tensor], None]  # raises for -1 rows, after putting the requests back (once)
+    host: torch.Tensor  # int32 [bs + slot flags], pinned on CUDA: the tokens, then the slot verdict
+    step: _StepRecord
+
+    def wait(self) -> None:
+        self.copy_done_event.synchronize()
+
+    @property
+    def failed(self) -> bool:
+        """Whether result() will raise (waits for the host tokens)."""
+        self.wait()
+        return self.step.failed(self.host)
+
+    def undo(self) -> None:
+        """Put every request of the step, the live rows, the random streams and the rows' device tokens back as
+        before forward_batch (once). A driver running a later step undoes that one first."""
+        self.wait()
+        self.step.undo()
 
     def result(self) -> torch.Tensor:
-        """Wait for the host tokens and return them; NonFiniteLogitsError if a row had nothing to sample, with
-        every request of the step (and the random streams) put back as before forward_batch."""
-        self.copy_done_event.synchronize()
-        self.settle(self.host_tokens)
-        return self.host_tokens
+        """Wait for the host tokens and return them (int32 [bs]); if the step failed, undo it and raise
+        (InvalidRequestError for the slots, NonFiniteLogitsError for a row with nothing to sample)."""
+        if self.failed:
+            self.undo()
+            self.step.raise_error(self.host)
+        return self.host[: self.step.size]
 
     @property
     def next_tokens_cpu(self) -> torch.Tensor:
         """int32 [bs]: result()."""
         return self.result()
+
+
+@dataclass
+class _StepRecord:
+    """What undoing one step needs, and its error."""
+
+    engine: Engine
+    batch: Batch
+    args: BatchSamplingArgs
+    logits: torch.Tensor
+    undo_draws: Callable[[], None]
+    live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
+    last_tokens_before: torch.Tensor  # int32 [bs], device: the rows' last tokens before the step wrote its own
+    undone: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+    def failed(self, host: torch.Tensor) -> bool:
+        return bool((host[: self.size] < 0).any()) or bool(host[self.size :].any())
+
+    def undo(self) -> None:
+        if self.undone:
+            return
+        self.undone = True
+        engine = self.engine
+        for req, (cached_len, device_len) in zip(self.batch.reqs, self.batch.spans):
+            req.cached_len, req.device_len = cached_len, device_len
+        for (row, live), req, (_, device_len) in zip(self.live_before, self.batch.reqs, self.batch.spans):
+            if engine.live_rows.get(row) != (device_len, req.uid):
+                continue  # released (or taken over) since: the row is no longer this step's to put back
+            if live is None:
+                engine.live_rows.pop(row, None)
+            else:
+                engine.live_rows[row] = live
+        with engine.device.stream_context():
+            engine.last_tokens.index_copy_(0, self.batch.rows, self.last_tokens_before)
+        self.undo_draws()
+
+    def raise_error(self, host: torch.Tensor) -> None:
+        if host[self.size :].any():
+            raise_slot_error(self.batch.reqs, self.engine.page_table, self.engine.limits, self.engine.live_rows)
+        bad = (host[: self.size] < 0).nonzero().flatten().tolist()
+        self.engine.sampler.raise_for_rows(bad, self.args, self.logits)
 
 
 class Engine:
@@ -81,7 +143,7 @@ class Engine:
         # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: no other request may
         # write over them until the row is released (release_rows).
         self.live_rows: dict[int, tuple[int, int]] = {}
-        # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py.
+        # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py and driver().
         self.owner: Any = None
         # The init order, one step each; every name and memory check runs before the first allocation.
         self._init_tp()
@@ -200,7 +262,10 @@ class Engine:
             "ids": torch.zeros(pad_max, dtype=torch.int32, device=device),
             "positions": torch.zeros(pad_max, dtype=torch.int64, device=device),
             "out_loc": torch.full((pad_max,), dummy_slots, dtype=torch.int32, device=device),
+            "rows": torch.full((pad_max,), self.dummy_row, dtype=torch.int64, device=device),
         }
+        # Each row's last sampled token, which the next step reads when the host has not appended it yet.
+        self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.int32, device=device)
 
     def _init_attention(self, choices: _Choices) -> None:
         self.attn_backend = create_backend(
@@ -233,6 +298,10 @@ class Engine:
     def model_config(self) -> ModelConfig:
         return self.config.model_config
 
+    def driver(self) -> Any:
+        """The StaticDriver that owns this engine's rows and pages, or None."""
+        return self.owner() if self.owner is not None else None
+
     def check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("this Engine was shut down; build a new Engine")
@@ -262,11 +331,8 @@ class Engine:
             validate_batch(reqs, phase, self.limits, self.live_rows)
             self._wait_for_caller()
             with self.device.stream_context():
-                inputs = build_inputs(reqs, self.limits, self.page_table, self.live_rows, self.device.torch_device)
-                batch, args = self._prepare_batch(reqs, phase, inputs)
-                # The slot checks ran on the device while the rest was built; nothing was written yet.
-                check_slots(reqs, inputs.flags, inputs.others, self.page_table, self.limits, self.live_rows)
-            return batch, args
+                inputs = build_inputs(reqs, self.limits, self.page_table, self.live_rows, self.last_tokens)
+                return self._prepare_batch(reqs, phase, inputs)
 
     def _wait_for_caller(self) -> None:
         """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
@@ -277,14 +343,16 @@ class Engine:
         self, reqs: Sequence[Req], phase: Phase, inputs: BatchInputs
     ) -> tuple[Batch, BatchSamplingArgs]:
         batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
+        batch.rows, batch.slot_flags = inputs.rows, inputs.flags
         self.graph_runner.pad_batch(batch)
-        ids, positions, out_loc = inputs.ids, inputs.positions, inputs.out_loc
+        ids, positions, out_loc, table_rows = inputs.ids, inputs.positions, inputs.out_loc, inputs.table_rows
         pad = batch.padded_size - batch.size
-        if pad:  # dummy requests: token 0 at position 0, written to the dummy page
+        if pad:  # dummy requests: token 0 at position 0 of the dummy row, written to the dummy page
             ids = torch.cat([ids, self._padding["ids"][:pad]])
             positions = torch.cat([positions, self._padding["positions"][:pad]])
             out_loc = torch.cat([out_loc, self._padding["out_loc"][:pad]])
-        batch.input_ids, batch.positions, batch.out_loc = ids, positions, out_loc
+            table_rows = torch.cat([table_rows, self._padding["rows"][:pad]])
+        batch.input_ids, batch.positions, batch.out_loc, batch.table_rows = ids, positions, out_loc, table_rows
         self.attn_backend.prepare_metadata(batch)
         return batch, self.sampler.prepare(batch)
 
@@ -305,51 +373,24 @@ class Engine:
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)
             logits = logits[: batch.size]
             next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-            if self.device.is_cuda:
-                host = torch.empty(next_tokens.shape, dtype=next_tokens.dtype, pin_memory=True)
-                host.copy_(next_tokens, non_blocking=True)
+            last_before = self.last_tokens.index_select(0, batch.rows)
+            # clamp: a -1 (nothing to sample) must not become the next step's input id; that step fails anyway.
+            self.last_tokens.index_copy_(0, batch.rows, next_tokens.clamp(min=0))
+            payload = torch.cat([next_tokens, batch.slot_flags.to(torch.int32)])
+            if self.device.is_cuda:  # one device-to-host copy for the tokens and the slot verdict
+                host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
+                host.copy_(payload, non_blocking=True)
             else:
-                host = next_tokens
+                host = payload
             event = self.device.new_event()
             event.record()
-            # The requests advance now, as the seed has it; settle() puts them back if a row had nothing to sample.
-            before = {req.table_idx: self.live_rows.get(req.table_idx) for req in batch.reqs}
+            # The requests advance now, as the seed has it; a failed step is undone when its tokens are read.
+            live_before = [(req.table_idx, self.live_rows.get(req.table_idx)) for req in batch.reqs]
             for req in batch.reqs:
                 req.complete_one()
                 self.live_rows[req.table_idx] = (req.cached_len, req.uid)
-        return ForwardOutput(next_tokens, event, logits, host[: batch.size],
-                             self._settler(batch, args, logits, undo_draws, before))
-
-    def _settler(
-        self,
-        batch: Batch,
-        args: BatchSamplingArgs,
-        logits: torch.Tensor,
-        undo_draws: Callable[[], None],
-        live_before: dict[int, tuple[int, int] | None],
-    ) -> Callable[[torch.Tensor], None]:
-        """The check of a step's host tokens, run once: -1 rows raise NonFiniteLogitsError after the step is undone
-        (requests, live rows, random streams), so the batch's other requests can run again as if it never ran."""
-        settled = [False]
-
-        def settle(host: torch.Tensor) -> None:
-            if settled[0]:
-                return
-            settled[0] = True
-            bad = (host < 0).nonzero().flatten().tolist()
-            if not bad:
-                return
-            for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
-                req.cached_len, req.device_len = cached_len, device_len
-            for row, live in live_before.items():
-                if live is None:
-                    self.live_rows.pop(row, None)
-                else:
-                    self.live_rows[row] = live
-            undo_draws()
-            self.sampler.raise_for_rows(bad, args, logits)
-
-        return settle
+        record = _StepRecord(self, batch, args, logits, undo_draws, live_before, last_before)
+        return ForwardOutput(next_tokens, event, logits, host, record)
 
     def shutdown(self) -> None:
         """Release graphs, communication and memory, and restore the thread count. Safe to call twice."""

@@ -87,6 +87,7 @@ class GraphRunner:
                 batch = Batch([self.dummy_req] * bs, "decode")
                 for name in self.static_inputs:
                     setattr(batch, name, self.buffers[name][:bs])
+                batch.table_rows = torch.full((bs,), self.dummy_req.table_idx, dtype=torch.int64, device=device)
                 backend.prepare_for_capture(batch)
                 with ctx.forward_batch(batch):
                     model(batch.input_ids, batch.positions, ctx)  # warm-up: lazy inits must not land in the graph

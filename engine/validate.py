@@ -1,11 +1,12 @@
 """Checks inputs before anything is written, so a rejected call changes no state. Nothing here takes the Engine:
 each check gets the limits and state it reads.
 
-validate_batch (host checks), check_token_ids and slot_verdict (launched on the device by engine/inputs.py's
-build_inputs) and check_slots (their verdict) run in prepare_batch, before the KV pool is written: no new token may
-land outside the pool, on another new token, or on cached KV of the batch or of a live row (Engine.live_rows): a
-row's live KV is overwritten only by the request that owns it, until the row is released. check_fresh runs in
-forward_batch; prompt_tensor guards the driver's add(); check_memory runs before the engine allocates.
+validate_batch (host checks) and check_token_ids run in prepare_batch; slot_verdict is launched on the device by
+engine/inputs.py's build_inputs and not waited for: no new token may land outside the pool, on another new token, or
+on cached KV of the batch or of a live row (Engine.live_rows), since a row's live KV is overwritten only by the
+request that owns it until the row is released. A failed verdict sends the step's reads and writes to the dummy page
+and comes back with its tokens, where raise_slot_error names the culprit. check_fresh runs in forward_batch;
+prompt_tensor guards the driver's add(); check_memory runs before the engine allocates.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def validate_batch(
             raise InvalidRequestError(f"batch entry {i} is a {type(req).__name__}, not a Req")
         _validate_req(req, phase, limits)
         live = live_rows.get(req.table_idx)
+        if req.device_len > req.num_tokens and not (
+            req.token_pending and req.extend_len == 1 and live == (req.cached_len, req.uid)
+        ):
+            raise InvalidRequestError(
+                f"request {req.uid}: device_len={req.device_len} exceeds the {req.num_tokens} known tokens (append "
+                "the sampled token with append_host() before the next step, or run the step right after the one "
+                "that sampled it, whose token the engine keeps on the device)"
+            )
         if live is not None and live[1] != req.uid and live[0] > req.cached_len:
             # Its new tokens would land on the live request's own slots: the page table cannot tell them apart.
             raise InvalidRequestError(
@@ -89,11 +98,6 @@ def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
     if not (0 <= req.cached_len < req.device_len):
         raise InvalidRequestError(
             f"request {req.uid}: cached_len={req.cached_len} must be in [0, device_len={req.device_len})"
-        )
-    if req.device_len > num_tokens:
-        raise InvalidRequestError(
-            f"request {req.uid}: device_len={req.device_len} exceeds the {num_tokens} known tokens (append the "
-            "sampled token with append_host() before the next step)"
         )
     if req.device_len > limits.max_seq_len:
         raise InvalidRequestError(
@@ -159,21 +163,18 @@ def slot_verdict(
     return torch.stack(checks)
 
 
-def check_slots(
+def raise_slot_error(
     reqs: Sequence[Req],
-    flags: torch.Tensor,
-    others: Sequence[int],
     page_table: torch.Tensor,
     limits: Limits,
     live_rows: Mapping[int, tuple[int, int]],
 ) -> None:
-    """The page table must map every position a request reads to a real KV slot, and the slots it writes
-    must be distinct and hold no cached token of the batch; else the step would index out of range or
-    overwrite live KV. Reads the device verdict of slot_verdict: one device-to-host transfer for the batch."""
-    if not any(flags.tolist()):
-        return
-    # The error path: find the first offending request for the message.
+    """The error for a step whose slot verdict failed: the page table must map every position a request reads
+    to a real KV slot (page-structured when page_size > 1), and the slots it writes must be distinct and hold no
+    cached token of the batch or of a live row outside it. Finds the first offending request on the host."""
     table = page_table
+    in_batch = {r.table_idx for r in reqs}
+    others = [row for row in live_rows if row not in in_batch]
     limit, ps = limits.num_slots, limits.page_size
     rows = [table[r.table_idx] for r in reqs]
     for row, req in zip(rows, reqs):
@@ -217,6 +218,10 @@ def check_slots(
                     "give every new token a slot of its own"
                 )
             written.add(slot)
+    raise InvalidRequestError(
+        "the step's page-table rows mapped a slot outside the KV pool, across pages, or over live KV, and were "
+        "changed before its tokens were read; check the page table"
+    )
 
 
 def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:

@@ -100,7 +100,7 @@ class EnginePool:
                 sampler_seed=0,  # runs reseed it from drawn data; never a random seed, even where one forgets
             )
         engine = self._engines[key]
-        owner = engine.owner() if engine.owner is not None else None
+        owner = engine.driver()
         if owner is not None:  # a run that failed left its driver holding requests: a new run starts clean
             owner.close()
         engine.release_rows(range(max_running_req))  # and whatever KV hand-built requests left is dead

@@ -34,9 +34,12 @@ def expect(error: type[EngineError], call: Callable[[], object], *needles: str) 
 
 
 def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[Any, ...]:
-    """Everything a rejected call must leave alone: the KV pool, the page table, the driver's bookkeeping (with a
-    driver) and, last, the engine's live rows."""
-    state: tuple[Any, ...] = (engine.kv_cache.buffer.clone(), engine.page_table.clone())
+    """Everything a rejected call must leave alone: the KV pool (but its dummy page, scratch space that a refused
+    step writes), the page table, the rows' device tokens, the driver's bookkeeping (with a driver) and, last, the
+    engine's live rows."""
+    kv = engine.kv_cache
+    state: tuple[Any, ...] = (kv.buffer[:, :, : kv.dummy_page].clone(), engine.page_table.clone(),
+                              engine.last_tokens.clone())
     if driver is not None:
         alloc = driver.allocator
         lengths = {
@@ -51,7 +54,8 @@ def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[An
 def assert_same_state(before: tuple[Any, ...], after: tuple[Any, ...]) -> None:
     assert torch.equal(before[0], after[0]), "a rejected call changed the KV pool"
     assert torch.equal(before[1], after[1]), "a rejected call changed the page table"
-    assert before[2:-1] == after[2:-1], "a rejected call changed the driver's bookkeeping"
+    assert torch.equal(before[2], after[2]), "a rejected call changed the rows' last sampled tokens"
+    assert before[3:-1] == after[3:-1], "a rejected call changed the driver's bookkeeping"
     assert before[-1] == after[-1], f"a rejected call changed the engine's live rows: {before[-1]} then {after[-1]}"
 
 

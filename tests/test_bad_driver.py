@@ -188,8 +188,8 @@ def test_a_step_that_raises_in_generate_drops_its_requests(qwen3: Path, monkeypa
     with pytest.raises(RuntimeError, match="injected"):
         driver.generate([[1, 2], [3, 4, 5]], GREEDY)
     monkeypatch.setattr(engine.model, "forward", forward)
-    rows, pages, *rest = engine_state(engine, driver)[2]
-    assert (sorted(rows), sorted(pages), rest) == (sorted(state[2][0]), sorted(state[2][1]), list(state[2][2:])), (
+    rows, pages, *rest = engine_state(engine, driver)[3]
+    assert (sorted(rows), sorted(pages), rest) == (sorted(state[3][0]), sorted(state[3][1]), list(state[3][2:])), (
         "generate left requests, rows or pages behind"
     )
     contract.still_generates(driver)
@@ -271,7 +271,7 @@ def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, ora
     driver.step()  # the first request is running: its prefill is done
     state = engine_state(engine, driver)
     expect(CapacityError, lambda: driver.add(prompts[1], params), "6 KV page(s)", "only 5 are free")
-    assert engine_state(engine, driver)[2] == state[2]
+    assert engine_state(engine, driver)[3] == state[3]
     driver.run()
     assert driver.result(first).output_ids == oracle(qwen3, torch.float32).greedy(prompts[0], 6)
     second = driver.add(prompts[1], params)  # its pages are free again

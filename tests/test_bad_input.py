@@ -353,9 +353,26 @@ def test_forward_batch_arguments(
     assert (req.cached_len, req.device_len) == (0, 3)
 
 
-def test_decode_before_append_host_rejected(contract: Contract) -> None:
+def test_a_decode_step_reads_a_pending_token_on_the_device(contract: Contract) -> None:
+    """Right after the step that sampled it, a token need not be appended: the engine keeps each row's last token
+    on the device, and the decode step is the one append_host would have run."""
+    engine = contract.engine
+    pending, appended = make_req(uid=1, table_idx=0), make_req(uid=2, table_idx=1)
+    first = run_batch(engine, [pending, appended])
+    appended.append_host(int(first[1]))
+    assert pending.token_pending and not appended.token_pending
+    batch, args = engine.prepare_batch([pending, appended], "decode")
+    out = engine.forward_batch(batch, args)
+    out.result()
+    assert int(first[0]) == int(first[1]) != 0  # a pending id read as 0 would change the logits
+    assert torch.equal(out.logits[0], out.logits[1])
+
+
+def test_a_pending_token_is_refused_once_its_row_moved_on(contract: Contract) -> None:
+    """Once its row is released (or another request ran there) the device no longer holds the request's token."""
     req = make_req()
     run_batch(contract.engine, [req])  # device_len is now 4, but the sampled token was not appended
+    contract.engine.release_rows([0])
     contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, [req], "decode"), "device_len=4",
                      "append_host")
 

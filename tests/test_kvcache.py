@@ -61,6 +61,7 @@ def test_dummy_request_writes_only_the_dummy_page(tiny_models: dict[str, Path]) 
     batch.input_ids = torch.zeros(1, dtype=torch.int32)
     batch.positions = torch.zeros(1, dtype=torch.int64)
     batch.out_loc = engine.page_table[engine.dummy_row, :1]
+    batch.table_rows = torch.tensor([engine.dummy_row])
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
         engine.model(batch.input_ids, batch.positions, engine.ctx)

@@ -59,7 +59,6 @@ class PagedKVIndex:
     qo_indptr: torch.Tensor  # int32 [bs + 1]: new tokens of request i are qo_indptr[i]:qo_indptr[i+1]
     kv_indptr: torch.Tensor  # int32 [bs + 1]: pages of request i are kv_indices[kv_indptr[i]:kv_indptr[i+1]]
     kv_last_page_len: torch.Tensor  # int32 [bs], in [1, page_size]
-    rows: torch.Tensor  # int64 [bs]: each request's page-table row
     pages: torch.Tensor  # int64 [bs]: each request's page count
 
 
@@ -70,13 +69,15 @@ def build_paged_kv_index(reqs: Sequence[Req], page_size: int) -> PagedKVIndex:
         torch.tensor(list(accumulate((r.device_len - r.cached_len for r in reqs), initial=0)), dtype=torch.int32),
         torch.tensor(list(accumulate(pages, initial=0)), dtype=torch.int32),
         torch.tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages)], dtype=torch.int32),
-        torch.tensor([r.table_idx for r in reqs], dtype=torch.int64),
         torch.tensor(pages, dtype=torch.int64),
     )
 
 
-def kv_page_ids(page_table: torch.Tensor, index: PagedKVIndex, page_size: int) -> torch.Tensor:
-    """int32 page ids in kv_indices order, computed on the page table's device.
+def kv_page_ids(
+    page_table: torch.Tensor, table_rows: torch.Tensor, index: PagedKVIndex, page_size: int
+) -> torch.Tensor:
+    """int32 page ids in kv_indices order, computed on the page table's device from the rows the batch reads
+    (table_rows, on the device).
 
     Page p of request i starts at flat position rows[i] * width + p * page_size of the page table; the slot there
     divided by page_size is its page id. A fixed handful of device ops whatever the batch size (built on the host,
@@ -84,11 +85,11 @@ def kv_page_ids(page_table: torch.Tensor, index: PagedKVIndex, page_size: int) -
     """
     device = page_table.device
     total = int(index.kv_indptr[-1])
+    n = len(index.pages)
     # Flat position of page p (counted over the whole batch) = base[owner] + p * page_size.
-    base = index.rows * page_table.shape[1] - index.kv_indptr[:-1].to(torch.int64) * page_size
-    packed = upload(torch.cat([base, index.pages]), device)
-    n = len(index.rows)
-    starts = torch.repeat_interleave(packed[:n], packed[n:], output_size=total)
+    packed = upload(torch.cat([-index.kv_indptr[:-1].to(torch.int64) * page_size, index.pages]), device)
+    base = table_rows * page_table.shape[1] + packed[:n]
+    starts = torch.repeat_interleave(base, packed[n:], output_size=total)
     starts += torch.arange(0, total * page_size, page_size, device=device)
     slots = page_table.view(-1)[starts]
     if page_size == 1:
@@ -148,7 +149,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
     # ---- metadata and planning ------------------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
         index = build_paged_kv_index(batch.padded_reqs, self.page_size)
-        kv_indices = kv_page_ids(self.page_table, index, self.page_size)
+        kv_indices = kv_page_ids(self.page_table, batch.table_rows, index, self.page_size)
         if batch.is_decode:  # one token per request
             last = torch.arange(batch.padded_size, device=self.device)
         else:

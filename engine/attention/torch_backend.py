@@ -44,10 +44,12 @@ class TorchAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         q_ranges, kv_slots, cached_lens = [], [], []
         start = 0
-        for req in batch.padded_reqs:
+        longest = max(req.device_len for req in batch.padded_reqs)
+        table = self.page_table[:, :longest].index_select(0, batch.table_rows).long()
+        for i, req in enumerate(batch.padded_reqs):
             end = start + req.extend_len
             q_ranges.append((start, end))
-            kv_slots.append(self.page_table[req.table_idx, : req.device_len].long())
+            kv_slots.append(table[i, : req.device_len])
             cached_lens.append(req.cached_len)
             start = end
         last = torch.tensor([e - 1 for _, e in q_ranges], dtype=torch.long)

@@ -29,7 +29,6 @@ def test_index_counts_pages_and_last_page_len() -> None:
     assert index.kv_indptr.tolist() == [0, 1, 2, 4, 8, 13]
     assert index.kv_last_page_len.tolist() == [1, 4, 1, 4, 1]
     assert index.qo_indptr.tolist() == [0, 1, 5, 7, 8, 15]
-    assert index.rows.tolist() == [0, 1, 2, 3, 4]
     assert index.pages.tolist() == [1, 1, 2, 4, 5]
     assert index.kv_indptr.dtype == index.kv_last_page_len.dtype == index.qo_indptr.dtype == torch.int32
 
@@ -53,7 +52,7 @@ def test_index_and_page_ids_describe_the_page_table(page_size: int, lengths: lis
             table[row, start : start + page_size] = page * page_size + torch.arange(page_size)[: width - start]
     reqs = [_req(row, n - 1, n) for row, n in enumerate(lengths)]
     index = build_paged_kv_index(reqs, page_size)
-    ids = kv_page_ids(table, index, page_size)
+    ids = kv_page_ids(table, torch.tensor([r.table_idx for r in reqs]), index, page_size)
     assert ids.dtype == torch.int32
     for row, n in enumerate(lengths):
         pages = ids[index.kv_indptr[row] : index.kv_indptr[row + 1]]
