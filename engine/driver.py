@@ -280,7 +280,9 @@ class StaticDriver:
         self._next_uid += 1
         params = admission.params
         req = Req(admission.ids, self.free_rows.popleft(), 0, params.max_tokens, uid, params)
-        self.running[uid] = RequestState(req, len(admission.ids), reserved_pages=admission.pages, chunks=deque(admission.chunks))
+        self.running[uid] = RequestState(
+            req, len(admission.ids), reserved_pages=admission.pages, chunks=deque(admission.chunks)
+        )
         return uid
 
     def _finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:

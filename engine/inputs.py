@@ -17,7 +17,6 @@ from .core import Req
 from .device import upload
 from .validate import Limits, check_token_ids, slot_verdict
 
-
 _PLACEHOLDER = [0]
 
 
