@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine, EngineConfig, Req, SamplingParams
+from engine import Engine, EngineConfig, ForwardOutput, Req, SamplingParams
 from engine.core import Batch
 from engine.device import flashinfer_installed
 from engine.sample import Sampler
@@ -187,12 +187,26 @@ class DecodeStep:
         for req, token in zip(self.reqs, out.next_tokens_cpu):
             req.append_host(token)
 
-    def step(self) -> None:
+        self._in_flight: ForwardOutput | None = None
+
+    def _launch(self) -> ForwardOutput:
         for req in self.reqs:
             req.cached_len, req.device_len = self.context, self.context + 1
         batch, args = self.engine.prepare_batch(self.reqs, "decode")
-        self.engine.forward_batch(batch, args)
+        return self.engine.forward_batch(batch, args)
+
+    def step(self) -> None:
+        """One step, waited for: its latency."""
+        self._launch()
         synchronize(self.engine.device.torch_device)
+
+    def pipelined_step(self) -> None:
+        """One step started, then the previous one's tokens waited for, as the overlapped driver runs: the time
+        per step in a stream of them."""
+        out = self._launch()
+        if self._in_flight is not None:
+            self._in_flight.wait()
+        self._in_flight = out
 
 
 class PrefillStep:

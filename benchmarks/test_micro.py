@@ -36,6 +36,16 @@ def test_decode_step(benchmark, engine_for: EngineFor, device: str, bs: int) -> 
     benchmark(step.step)
 
 
+@pytest.mark.parametrize(("device", "bs"), device_params(DECODE_BS))
+def test_decode_step_pipelined(benchmark, engine_for: EngineFor, device: str, bs: int) -> None:
+    """The same step with the next one started before this one's tokens are waited for (the overlapped driver)."""
+    step = DecodeStep(engine_for(device), bs, DECODE_CONTEXT[device])
+    _warm(device, step.pipelined_step)
+    benchmark.group = f"decode-step-pipelined-{device}"
+    benchmark.extra_info.update(bs=bs, context=DECODE_CONTEXT[device])
+    benchmark(step.pipelined_step)
+
+
 @pytest.mark.benchmark(min_rounds=3)
 @pytest.mark.parametrize(("device", "length"), device_params({"cpu": PREFILL_LENS, "cuda": PREFILL_LENS}))
 def test_prefill(benchmark, engine_for: EngineFor, device: str, length: int) -> None:

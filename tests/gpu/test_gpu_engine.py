@@ -4,11 +4,13 @@ KV planning from torch.cuda.mem_get_info."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
-from engine import Engine, EngineConfig, Req, SamplingParams
+from engine import Batch, Engine, EngineConfig, Req, SamplingParams
 from engine.kvcache import KVCachePool
 
 pytestmark = needs_cuda
@@ -67,3 +69,41 @@ def test_the_torch_backend_serves_cuda_too(wide_models: dict[str, Path]) -> None
     out.copy_done_event.synchronize()
     assert torch.isfinite(out.logits).all()
     engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_tokens=4), SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=4)],
+    ids=["greedy", "sampled"],
+)
+def test_a_pass_starts_without_waiting_for_the_device(wide_models: dict[str, Path], params: SamplingParams) -> None:
+    """prepare_batch and forward_batch of a prefill and of decode passes (graph replay, pending tokens read on the
+    device) never synchronize: torch's sync debug mode turns any synchronizing call into an error. Only result()
+    waits, and the tokens are those of a run that appends each token before the next pass."""
+
+    def run(pipelined: bool) -> list[list[int]]:
+        engine = gpu_engine(wide_models["qwen3"])
+        engine.page_table[:2, :16] = torch.arange(32, dtype=torch.int32, device="cuda").view(2, 16)
+        reqs = [Req(torch.tensor(random_prompt(i, 5 + i, 512), dtype=torch.int32), i, 0, 4, i, params)
+                for i in range(2)]
+        assert engine.graph_runner.can_use_graph(Batch(reqs, "decode")) == HAS_FLASHINFER
+        torch.cuda.synchronize()
+        tokens: list[Any] = []
+        for phase in ("prefill", "decode", "decode"):
+            if pipelined:  # each pass reads the previous one's tokens on the device
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    tokens.append(engine.forward_batch(*engine.prepare_batch(reqs, phase)))
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            else:
+                step = engine.forward_batch(*engine.prepare_batch(reqs, phase)).result().tolist()
+                for req, token in zip(reqs, step):
+                    req.append_host(token)
+                tokens.append(step)
+        assert [r.device_len for r in reqs] == [8, 9] and all(r.token_pending == pipelined for r in reqs)
+        got = [t if isinstance(t, list) else t.result().tolist() for t in tokens]
+        engine.shutdown()
+        return got
+
+    assert run(pipelined=True) == run(pipelined=False)
