@@ -32,6 +32,7 @@ from .graph import GraphRunner, default_graph_bs
 from .inputs import BatchInputs, build_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, install_kernels
+from .layers.linear import narrowing_weights_column_major
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
@@ -220,6 +221,8 @@ class Engine:
         else:
             shard = None if self.tp_info.size == 1 else partial(shard_tensor, tp=self.tp_info)
             load_weights(model, config.model_path, model_config.tie_word_embeddings, shard)
+        if self.device.is_cuda:
+            narrowing_weights_column_major(model)
         if self.tp_info.size > 1:
             install_all_reduce(model, self.comm)
         model.init_rotary(self.max_seq_len, self.device.torch_device)

@@ -158,7 +158,7 @@ def slot_verdict(
             hits.index_fill_(0, torch.where(held, live, num_slots).flatten().long(), 2)
         written = torch.where((out_loc >= 0) & (out_loc < num_slots), out_loc, num_slots).long()
         hits.index_add_(0, written, torch.ones_like(written, dtype=torch.int32))
-        hits[num_slots] = 0  # the spare entry that out-of-range and unread positions point at
+        hits[num_slots:].zero_()  # the spare entry that out-of-range and unread positions point at (no sync)
         checks.append((hits[written] > 1).any())
     return torch.stack(checks)
 

@@ -343,7 +343,7 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
         engine.page_table[free[0], 0] = victim
         reqs, phase = [copy, Req(torch.tensor([tokens[0]], dtype=torch.int32), free[0], 0, 1, 997, params)], "decode"
     try:
-        _rejects(driver, InvalidRequestError, lambda: engine.forward_batch(*engine.prepare_batch(reqs, phase)))
+        _rejects(driver, InvalidRequestError, lambda: engine.forward_batch(*engine.prepare_batch(reqs, phase)).result())
     finally:
         if saved_rows is not None:
             engine.page_table[free] = saved_rows
@@ -385,7 +385,7 @@ def _alias_outside_the_batch(driver: StaticDriver, rnd: Any) -> None:
     engine.page_table[row, :n] = torch.tensor(slots, dtype=torch.int32)
     try:
         _rejects(
-            driver, InvalidRequestError, lambda: engine.forward_batch(*engine.prepare_batch([req], phase)),
+            driver, InvalidRequestError, lambda: engine.forward_batch(*engine.prepare_batch([req], phase)).result(),
             f"request {req.uid}:", f"would overwrite cached KV of request {target.uid} in page-table row "
             f"{target.table_idx}",
         )
@@ -433,11 +433,12 @@ def _hand_batch(driver: StaticDriver, rnd: Any, hand_runs: list[HandRun]) -> Non
         engine.page_table[row] = saved
     assert engine.live_rows == live_before, "a hand-built batch changed the live rows of others"
     after = engine_state(engine, driver)
-    assert torch.equal(before[1], after[1]) and before[2:] == after[2:], "a hand-built batch changed the driver's state"
-    others = torch.ones(engine.kv_cache.num_slots, dtype=torch.bool)
+    assert torch.equal(before[1], after[1]) and before[3:] == after[3:], "a hand-built batch changed the driver's state"
+    real = engine.num_pages * engine.config.page_size  # engine_state leaves the dummy page out
+    others = torch.ones(real, dtype=torch.bool)
     others[slots] = False
-    kv_before = before[0].view(kv_slot_view(engine).shape)
-    assert torch.equal(kv_before[:, :, others], kv_slot_view(engine)[:, :, others]), (
+    kv_before = before[0].view(kv_slot_view(engine)[:, :, :real].shape)
+    assert torch.equal(kv_before[:, :, others], kv_slot_view(engine)[:, :, :real][:, :, others]), (
         "a hand-built batch wrote KV outside its own slots"
     )
     hand_runs.append((prompt, tokens, logits))

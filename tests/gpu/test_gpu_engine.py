@@ -12,6 +12,7 @@ from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
 from engine import Batch, Engine, EngineConfig, Req, SamplingParams
 from engine.kvcache import KVCachePool
+from engine.layers.linear import Linear
 
 pytestmark = needs_cuda
 
@@ -107,3 +108,22 @@ def test_a_pass_starts_without_waiting_for_the_device(wide_models: dict[str, Pat
         return got
 
     assert run(pipelined=True) == run(pipelined=False)
+
+
+def test_narrowing_weights_are_column_major_with_bitwise_equal_products(wide_models: dict[str, Path]) -> None:
+    """o_proj and down_proj keep their weights column-major on CUDA (a faster batch-1 GEMV); the products equal
+    those of HF's row-major layout bit for bit, so parity with HF is untouched."""
+    engine = gpu_engine(wide_models["qwen3"])
+    layer = engine.model.model.layers[0]
+    linears = [m for m in engine.model.modules() if type(m) is Linear]
+    narrowing = [m for m in linears if m.weight.shape[1] > m.weight.shape[0]]
+    assert layer.mlp.down_proj in narrowing  # the tiny model's o_proj is square
+    assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in narrowing)
+    assert all(m.weight.is_contiguous() for m in linears if m not in narrowing)
+    assert layer.self_attn.qkv_proj.weight.is_contiguous()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for module in narrowing:
+        for bs in (1, 8, 64):
+            x = torch.randn(bs, module.weight.shape[1], device="cuda", dtype=torch.bfloat16, generator=g)
+            assert torch.equal(module(x), torch.nn.functional.linear(x, module.weight.contiguous()))
+    engine.shutdown()
