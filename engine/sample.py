@@ -306,7 +306,7 @@ def _stand_in(probs: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     """probs with each bad row replaced by a one-hot on token 0, so the draw kernels never see a NaN row; those
     rows' tokens are discarded (-1) anyway."""
     one_hot = torch.zeros_like(probs[:1])
-    one_hot[0, 0] = 1.0
+    one_hot[:, 0].fill_(1.0)  # a fill, not an item assignment: that would copy from the host and wait
     return torch.where(bad.unsqueeze(1), one_hot, probs)
 
 

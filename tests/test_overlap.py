@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, InvalidRequestError, Req, SamplingParams
 from engine.driver import StaticDriver
 
 VOCAB = 512
@@ -100,3 +100,32 @@ def test_a_failed_pass_undoes_the_one_started_after_it(
     assert got[3].finish_reason == "error" and "NaN logits" in (got[3].error or "")
     assert [g.output_ids for g in got[:3]] == [r.output_ids for r in reference]
     assert engine.live_rows == {} and driver.allocator.reserved == 0
+
+
+def test_hand_driven_passes_can_run_one_ahead_of_the_host(qwen3: Path) -> None:
+    """The seed's hand-driven loop, pipelined: pass k+1 starts before pass k's tokens are appended (it reads them
+    on the device), and the tokens equal those of the loop that appends before each pass. Two passes ahead is
+    refused: only the last token is kept on the device."""
+
+    def run(pipelined: bool) -> list[list[int]]:
+        engine = _engine(qwen3)
+        engine.page_table[:2, :16] = torch.arange(32, dtype=torch.int32).view(2, 16)
+        reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, 4, i, PARAMS[i]) for i, p in enumerate(_prompts(2))]
+        tokens, in_flight = [], None
+        for phase in ("prefill", "decode", "decode", "decode"):
+            out = engine.forward_batch(*engine.prepare_batch(reqs, phase))
+            if pipelined:
+                in_flight, out = out, in_flight
+                if out is None:
+                    continue
+                with pytest.raises(InvalidRequestError, match="known tokens"):
+                    engine.prepare_batch(reqs, "decode")  # two passes ahead of the host
+            step = out.result().tolist()
+            for req, token in zip(reqs, step):
+                req.append_host(token)
+            tokens.append(step)
+        if in_flight is not None:
+            tokens.append(in_flight.result().tolist())
+        return tokens
+
+    assert run(pipelined=True) == run(pipelined=False)
