@@ -13,6 +13,7 @@ import torch
 
 from engine import Batch, Engine
 from engine.kvcache.pool import KVCachePool
+from engine.layers.kernels import TORCH_KERNELS
 
 from .common import DecodeStep, PrefillStep, graphs, graphs_captured, make_sampler, mixed_batch
 from .conftest import DECODE_BS, DECODE_CONTEXT, PREFILL_LENS, device_params, needs_cuda
@@ -88,7 +89,8 @@ KV_SHAPE = {"cpu": (3, 64, torch.float32), "cuda": (8, 128, torch.bfloat16)}
 
 @pytest.mark.parametrize(("device", "tokens"), device_params({"cpu": (64, 2048), "cuda": (256, 2048)}))
 def test_store_kv(benchmark, device: str, tokens: int) -> None:
-    """One layer's K and V for `tokens` tokens written to scattered slots (a decode batch or a prefill)."""
+    """One layer's K and V for `tokens` tokens written to scattered slots (a decode batch or a prefill), by the
+    torch reference kernels."""
     heads, dim, dtype = KV_SHAPE[device]
     dev = torch.device(device)
     pool = KVCachePool(1, 16384, 1, heads, dim, dtype, dev)
@@ -98,7 +100,7 @@ def test_store_kv(benchmark, device: str, tokens: int) -> None:
     out_loc = torch.randperm(16384, generator=gen)[:tokens].to(dev, torch.int32)
 
     def run() -> None:
-        pool.store_kv(k, v, out_loc, 0)
+        pool.store_kv(k, v, out_loc, 0, TORCH_KERNELS)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 

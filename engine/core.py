@@ -16,6 +16,7 @@ from .errors import EngineError, InvalidRequestError
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
     from .kvcache.pool import KVCachePool
+    from .layers.kernels import LayerKernels
 
 Phase = Literal["prefill", "decode"]
 
@@ -260,12 +261,14 @@ class Batch:
 
 @dataclass
 class Context:
-    """What a forward pass reads besides the weights. Owned by one Engine; there is no global copy."""
+    """What a forward pass reads besides the weights: the KV pool, the page table, the attention backend and the
+    layer kernels, and the batch while one runs. Owned by one Engine; there is no global copy."""
 
     page_size: int
     page_table: torch.Tensor
     kv_cache: KVCachePool
     attn_backend: BaseAttnBackend
+    kernels: LayerKernels
     _batch: Batch | None = None
 
     @property

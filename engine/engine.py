@@ -1,10 +1,10 @@
 """The Engine: builds everything in a fixed order and runs one forward pass per call.
 
 Init order: TP info → device/stream/context (attention backend and layer kernels resolved) → communication
-(TP > 1 only) → free memory → model (meta device, then weights, then its layer kernels) → KV pool
+(TP > 1 only) → free memory → model (meta device, then weights) → KV pool
 (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows, the last is the dummy row)
-→ attention backend → sampler → graph runner → CPU threads. Every check (backend name, memory needed) runs
-before the first allocation.
+→ attention backend and layer kernels, in the forward context → sampler → graph runner → CPU threads. Every
+check (backend name, memory needed) runs before the first allocation.
 
 forward_batch does not wait for the device: the requests advance at once, and the step's errors come back with
 the host tokens (ForwardOutput.result), which undoes the step before raising.
@@ -31,7 +31,7 @@ from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .inputs import BatchInputs, build_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS, install_kernels
+from .layers.kernels import LAYER_KERNELS
 from .layers.linear import narrowing_weights_column_major
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
@@ -153,7 +153,7 @@ class Engine:
         free_here = self.device.free_memory()  # before the model lands
         free_before = self.comm.min_int(free_here)
         self._load_model(choices, free_before, free_here)
-        self._init_kv_cache(free_before, choices)
+        self._init_kv_cache(free_before)
         self._init_page_table()
         self._init_attention(choices)
         self.sampler = SAMPLERS.factory(choices.sampler)(self.device.torch_device, self.model_config.vocab_size,
@@ -232,8 +232,8 @@ class Engine:
         measured = free_here - self.device.free_memory() if self.device.is_cuda else None
         self.model_bytes = model_footprint(param_bytes, measured)
 
-    def _init_kv_cache(self, free_before: int, choices: _Choices) -> None:
-        """The KV pool, num_pages + 1 pages (the last is the dummy's), and the layer kernels that write it."""
+    def _init_kv_cache(self, free_before: int) -> None:
+        """The KV pool, num_pages + 1 pages (the last is the dummy's)."""
         config = self.config
         if config.num_page_override is not None:
             num_pages = config.num_page_override
@@ -249,7 +249,6 @@ class Engine:
             self.model_config.num_layers, self.num_pages, config.page_size, self.local_config.num_kv_heads,
             self.model_config.head_dim, self.dtype, self.device.torch_device,
         )
-        install_kernels(self.model, LAYER_KERNELS.factory(choices.kernels)(), self.kv_cache)
 
     def _init_page_table(self) -> None:
         """Token-granular slots, max_running_req + 1 rows: the last is the dummy row, pointing only into the dummy
@@ -275,7 +274,8 @@ class Engine:
             choices.attention, self.kv_cache, self.page_table, self.local_config.num_qo_heads,
             self.device.torch_device,
         )
-        self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend)
+        self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend,
+                           kernels=LAYER_KERNELS.factory(choices.kernels)())
 
     def _init_graphs(self, choices: _Choices) -> None:
         """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""

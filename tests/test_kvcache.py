@@ -14,6 +14,7 @@ from engine import Batch, CapacityError, Engine, EngineConfig, SamplingParams
 from engine.distributed import TorchDistComm
 from engine.driver import PageLayout, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
+from engine.layers.kernels import TORCH_KERNELS
 
 SENTINEL = 12345.0
 
@@ -23,7 +24,7 @@ def test_store_kv_writes_only_its_slots() -> None:
     k = torch.randn(3, 2, 8)
     v = torch.randn(3, 2, 8)
     slots = torch.tensor([5, 0, 11])  # page 1 offset 1, page 0 offset 0, page 2 offset 3
-    pool.store_kv(k, v, slots, layer=1)
+    pool.store_kv(k, v, slots, layer=1, kernels=TORCH_KERNELS)
     assert torch.equal(pool.k_cache(1)[1, 1], k[0])
     assert torch.equal(pool.k_cache(1)[0, 0], k[1])
     assert torch.equal(pool.v_cache(1)[2, 3], v[2])

@@ -1,4 +1,4 @@
-"""The layer-kernel registry: name resolution, errors, and that every layer dispatches through the installed set."""
+"""The layer-kernel registry: name resolution, errors, and that every layer dispatches through ctx.kernels."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.driver import StaticDriver
 from engine.errors import ConfigError
-from engine.layers.kernels import LAYER_KERNELS, LayerKernels, install_kernels
+from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, TorchKernels
 from engine.registry import Where
 from oracle.zoo import tiny_model_dir
 
@@ -35,8 +35,8 @@ def test_engine_config_rejects_non_string(tmp_path: Path) -> None:
         EngineConfig(str(tmp_path), layer_kernels=3)  # type: ignore[arg-type]
 
 
-class CountingKernels(LayerKernels):
-    """The torch reference, counting each call: proves which layer ops go through the installed set."""
+class CountingKernels(TorchKernels):
+    """The torch reference, counting each call: proves which layer ops go through the context's kernels."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
@@ -53,22 +53,44 @@ class CountingKernels(LayerKernels):
         self.calls["silu_and_mul"] += 1
         return super().silu_and_mul(*args, **kwargs)
 
+    def store_kv(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls["store_kv"] += 1
+        return super().store_kv(*args, **kwargs)
 
-def test_every_layer_dispatches_through_the_installed_kernels(tmp_path: Path) -> None:
+
+def _engine(model: Path) -> Engine:
+    return Engine(EngineConfig(str(model), device="cpu", max_running_req=2, num_page_override=64), sampler_seed=0)
+
+
+def _generate(engine: Engine) -> list[int]:
+    return StaticDriver(engine).generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, ignore_eos=True))[0].output_ids
+
+
+def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> None:
     model = tiny_model_dir("qwen3", tmp_path)
-    engine = Engine(EngineConfig(str(model), device="cpu", max_running_req=2, num_page_override=64), sampler_seed=0)
-    reference = StaticDriver(engine).generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, ignore_eos=True))
+    engine, other = _engine(model), _engine(model)
+    reference = _generate(engine)
     counting = CountingKernels()
-    install_kernels(engine.model, counting)
-    again = StaticDriver(engine).generate([[1, 2, 3, 4]], SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.ctx.kernels = counting
+    again = _generate(engine)
+    untouched = _generate(other)  # another engine in the process keeps its own kernels
+    assert other.ctx.kernels is TORCH_KERNELS
     engine.shutdown()
+    other.shutdown()
     layers = engine.model_config.num_layers
     steps = 3  # one prefill, two decodes
-    # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP; plus the final norm per step;
-    # the q/k norms run inside norm_rope (qwen3), through the same kernels.
+    # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP, one KV store; plus the final
+    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels.
     assert counting.calls == {
         "rms_norm": steps * (4 * layers + 1),
         "norm_rope": steps * 2 * layers,
         "silu_and_mul": steps * layers,
+        "store_kv": steps * layers,
     }
-    assert again[0].output_ids == reference[0].output_ids
+    assert again == reference == untouched
+
+
+def test_the_interface_is_abstract() -> None:
+    with pytest.raises(TypeError, match="abstract"):
+        LayerKernels()  # type: ignore[abstract]
+    assert isinstance(TORCH_KERNELS, TorchKernels) and LAYER_KERNELS.factory("torch")() is TORCH_KERNELS

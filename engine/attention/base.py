@@ -1,8 +1,9 @@
 """The attention backend interface.
 
 A backend turns a Batch into its own metadata once per forward pass (``prepare_metadata``, CPU side, before
-the model runs), then serves every layer (``forward``). The graph hooks let the GraphRunner capture decode
-with static metadata buffers and refill them before each replay.
+the model runs), then serves every layer (``forward``, given the forward context: its batch, and the layer
+kernels that write the KV). The graph hooks let the GraphRunner capture decode with static metadata buffers and
+refill them before each replay.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..core import Batch
+from ..core import Batch, Context
 
 
 class BaseAttnMetadata(ABC):
@@ -26,13 +27,14 @@ class BaseAttnBackend(ABC):
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
-        """Build batch.attn_metadata from the batch's requests and the page table."""
+        """Build batch.attn_metadata from the batch's requests and the page-table rows batch.table_rows (one per
+        padded request: the dummy row for all of them when the step's slot checks failed, so never a bad slot)."""
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
     ) -> torch.Tensor:
-        """Store k, v at batch.out_loc, then attend q over each request's cached + new tokens.
+        """Store k, v at ctx.batch.out_loc with ctx.kernels, then attend q over each request's cached + new tokens.
 
         q: [tokens, qo_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns [tokens, qo_heads, head_dim].
         """

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..core import Batch, Req
+from ..core import Batch, Context, Req
 from ..device import flashinfer_installed, upload
 from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
@@ -177,9 +177,10 @@ class FlashInferAttnBackend(BaseAttnBackend):
         meta.wrapper = wrapper
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
     ) -> torch.Tensor:
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        batch = ctx.batch
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata)
         if meta.wrapper is None:  # first layer of an eager pass: plan once for the whole batch

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..core import Batch
+from ..core import Batch, Context
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
@@ -58,9 +58,10 @@ class TorchAttnBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
     ) -> torch.Tensor:
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        batch = ctx.batch
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, TorchAttnMetadata)
         k_slots = self.kv_cache.k_slots(layer_id)

@@ -1,19 +1,18 @@
 """The paged KV pool: one tensor [2, layers, pages, page_size, kv_heads, head_dim].
 
 A token slot is ``page * page_size + offset``; the page table stores slots, so attention gathers by slot.
-The last page belongs to the dummy request that pads graph batches.
+The last page belongs to the dummy request that pads graph batches. The pool owns the layout; the write itself
+runs on the layer kernels its caller passes (the attention backend passes the forward context's).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..layers.kernels import TORCH_KERNELS, LayerKernels
+from ..layers.kernels import LayerKernels
 
 
 class KVCachePool:
-    kernels: LayerKernels = TORCH_KERNELS  # the engine installs its choice (see layers.kernels)
-
     def __init__(
         self,
         num_layers: int,
@@ -55,9 +54,11 @@ class KVCachePool:
     def v_slots(self, layer: int) -> torch.Tensor:
         return self.buffer[1, layer].view(-1, self.num_kv_heads, self.head_dim)
 
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int) -> None:
-        """Write k, v ([tokens, kv_heads, head_dim]) into the slots out_loc ([tokens])."""
-        self.kernels.store_kv(self.k_slots(layer), self.v_slots(layer), k, v, out_loc)
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
+    ) -> None:
+        """Write k, v ([tokens, kv_heads, head_dim]) into the slots out_loc ([tokens]) with `kernels`."""
+        kernels.store_kv(self.k_slots(layer), self.v_slots(layer), k, v, out_loc)
 
     @staticmethod
     def bytes_per_page(

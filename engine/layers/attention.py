@@ -1,6 +1,7 @@
 """The attention layer: split qkv, optional per-head q/k norm (Qwen3), RoPE, then the backend.
 
-The q/k norms are owned by the caller (HF keeps them on self_attn), and passed in."""
+The q/k norms are owned by the caller (HF keeps them on self_attn), and passed in; norm + RoPE run on the
+context's layer kernels, attention (with its KV store) on the context's backend."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ import torch
 from torch import nn
 
 from ..core import Context
-from .kernels import TORCH_KERNELS, LayerKernels
 from .norm import RMSNorm
 from .rotary import RotaryAt
 
 
 class AttentionLayer(nn.Module):
-    kernels: LayerKernels = TORCH_KERNELS
-
     def __init__(
         self,
         layer_id: int,
@@ -43,7 +41,7 @@ class AttentionLayer(nn.Module):
         q = q.reshape(-1, self.num_qo_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q = self.kernels.norm_rope(q, rope, q_norm)
-        k = self.kernels.norm_rope(k, rope, k_norm)
-        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
+        q = ctx.kernels.norm_rope(q, rope, q_norm)
+        k = ctx.kernels.norm_rope(k, rope, k_norm)
+        out = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx)
         return out.reshape(-1, self.q_size)

@@ -1,38 +1,38 @@
 """The decoder layers' elementwise kernels (RMSNorm, residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, the
-KV store), picked by name like the attention backends.
+KV store) behind one interface, LayerKernels, picked by name like the attention backends and reaching the layers
+the same way: the Engine puts its instance in the Context (``ctx.kernels``), which every forward pass gets.
 
-'torch' runs HF's own op sequence: the reference, on any device, and exact to HF on CPU. 'triton' (CUDA) fuses
-each sequence into one launch that keeps HF's rounding steps. Unfused, a decode step is ~60 small kernels per
-layer; inside a CUDA graph their latencies still add up to most of a small-batch step (3.9 ms of device time
-for the Qwen3-0.6B shape at bs 1 on an H200, where the weights take ~0.3 ms to read).
+TorchKernels ('torch') runs HF's own op sequence: the reference, on any device, and exact to HF on CPU.
+TritonKernels ('triton', CUDA) fuses each sequence into one launch that keeps HF's rounding steps. Unfused, a
+decode step is ~60 small kernels per layer; inside a CUDA graph their latencies still add up to most of a
+small-batch step (3.9 ms of device time for the Qwen3-0.6B shape at bs 1 on an H200, where the weights take
+~0.3 ms to read).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-from torch import nn
 
 from ..registry import Registry
 from .activation import silu_and_mul
 
-if TYPE_CHECKING:  # rotary imports the models package, which imports this module
+if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
     from .rotary import RotaryAt
 
 
 class HeadNorm(Protocol):
-    """A per-head RMSNorm module (Qwen3's q_norm / k_norm)."""
+    """The parameters of a per-head RMSNorm module (Qwen3's q_norm / k_norm)."""
 
     @property
     def weight(self) -> torch.Tensor: ...
     @property
     def eps(self) -> float: ...
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,11 +44,42 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(dtype)
 
 
-class LayerKernels:
+class LayerKernels(ABC):
+    """The interface: one method per op sequence, each computing what HF's modules compute."""
+
+    name: str
+    fuses_residual: bool  # when False, RMSNorm adds the residual itself and calls its (patchable) forward
+
+    @abstractmethod
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """HF's RMSNorm of x over its last dim."""
+
+    @abstractmethod
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+
+    @abstractmethod
+    def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
+        """Optional per-head RMSNorm, then RoPE, of x [tokens, heads, head_dim]."""
+
+    @abstractmethod
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of a merged [tokens, 2 * size] gate/up projection."""
+
+    @abstractmethod
+    def store_kv(
+        self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
+    ) -> None:
+        """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
+
+
+class TorchKernels(LayerKernels):
     """The torch reference: HF's op sequences, one torch op at a time."""
 
     name = "torch"
-    fuses_residual = False  # when False, RMSNorm adds the residual itself and calls its (patchable) forward
+    fuses_residual = False
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_reference(x, weight, eps)
@@ -56,14 +87,12 @@ class LayerKernels:
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual)."""
         total = x + residual
         return self.rms_norm(total, weight, eps), total
 
     def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
-        """Optional per-head RMSNorm, then RoPE, of x [tokens, heads, head_dim]."""
         if norm is not None:
-            x = norm(x)
+            x = self.rms_norm(x, norm.weight, norm.eps)
         return rope.apply(x)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -72,13 +101,17 @@ class LayerKernels:
     def store_kv(
         self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
     ) -> None:
-        """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
         index = loc.long()
         k_slots[index] = k.to(k_slots.dtype)
         v_slots[index] = v.to(v_slots.dtype)
 
 
+TORCH_KERNELS = TorchKernels()  # stateless, so every engine that picks 'torch' can share it
+
+
 class TritonKernels(LayerKernels):
+    """Fused Triton launches (see triton_kernels.py); a KV store the kernel cannot serve falls back to torch."""
+
     name = "triton"
     fuses_residual = True
 
@@ -108,10 +141,9 @@ class TritonKernels(LayerKernels):
         if self._k.store_kv_fits(k_slots, k, v):
             self._k.store_kv(k_slots, v_slots, k, v, loc)
         else:
-            super().store_kv(k_slots, v_slots, k, v, loc)
+            TORCH_KERNELS.store_kv(k_slots, v_slots, k, v, loc)
 
 
-TORCH_KERNELS = LayerKernels()
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -132,10 +164,3 @@ LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", 
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
 LAYER_KERNELS.register("triton", TritonKernels, lambda w: triton_unsupported_reason(w.device, w.dtype, w.head_dim))
 
-
-def install_kernels(model: nn.Module, kernels: LayerKernels, *others: object) -> None:
-    """Point every module of the model, and each of `others` (the KV pool), that dispatches through `kernels`
-    at this implementation."""
-    for owner in [*model.modules(), *others]:
-        if isinstance(getattr(type(owner), "kernels", None), LayerKernels):
-            owner.kernels = kernels  # type: ignore[attr-defined]

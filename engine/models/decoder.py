@@ -1,4 +1,8 @@
-"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3; subclasses set the differences."""
+"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3; subclasses set the differences.
+
+Every layer gets the forward context: its norms, MLP activation, RoPE and attention run on ``ctx.kernels`` and
+``ctx.attn_backend``, so one model class serves engines with different kernel choices.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ from torch import nn
 from ..core import Context
 from ..layers.attention import AttentionLayer
 from ..layers.embedding import Embedding, LMHead
-from ..layers.kernels import TORCH_KERNELS, LayerKernels
 from ..layers.linear import Linear, MergedLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryAt, RotaryEmbedding
@@ -39,16 +42,14 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    kernels: LayerKernels = TORCH_KERNELS
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size = cfg.intermediate_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size})
         self.down_proj = Linear(size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return self.down_proj(ctx.kernels.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -68,12 +69,12 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            hidden = self.input_layernorm(hidden, ctx)
         else:
-            hidden, residual = self.input_layernorm.forward_residual(hidden, residual)
+            hidden, residual = self.input_layernorm.forward_residual(hidden, residual, ctx)
         hidden = self.self_attn(hidden, rope, ctx)
-        hidden, residual = self.post_attention_layernorm.forward_residual(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden, residual = self.post_attention_layernorm.forward_residual(hidden, residual, ctx)
+        return self.mlp(hidden, ctx), residual
 
 
 class DecoderBody(nn.Module):
@@ -100,7 +101,8 @@ class DecoderForCausalLM(nn.Module):
         self.rotary: RotaryEmbedding | None = None
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
-        """The MLP of layer `layer_id`; MoE models override this to put sparse blocks in some layers."""
+        """The MLP of layer `layer_id`, called as mlp(hidden, ctx); MoE models override this to put sparse blocks
+        in some layers."""
         return MLP(cfg)
 
     def init_rotary(self, max_positions: int, device: torch.device) -> None:
@@ -114,7 +116,7 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden, residual = layer(hidden, residual, rope, ctx)
         assert residual is not None
-        hidden, _ = self.model.norm.forward_residual(hidden, residual)
+        hidden, _ = self.model.norm.forward_residual(hidden, residual, ctx)
         metadata = ctx.batch.attn_metadata
         assert metadata is not None
         hidden = hidden[metadata.get_last_indices()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core import Context
 from ..layers.linear import Linear
 from ..moe import MOE_BACKENDS, BaseMoeBackend, FusedMoE
 from .config import ModelConfig
@@ -27,7 +28,8 @@ class SparseMoeBlock(nn.Module):
             backend,
         )
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
+        # ctx only for MLP's signature: the experts run on the model's MoE backend, not on ctx.kernels.
         return self.experts(hidden, self.gate(hidden))
 
 

@@ -25,12 +25,13 @@ import engine.engine as engine_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
-from engine.core import Batch, Phase, Req, SamplingParams
+from engine.core import Batch, Context, Phase, Req, SamplingParams
 from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
 from engine.graph import GraphRunner
 from engine.inputs import BatchInputs
 from engine.kvcache.pool import KVCachePool
+from engine.layers.kernels import LayerKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BatchSamplingArgs, Sampler
 
@@ -216,7 +217,7 @@ def _prepare_batch_decode_position(self: Engine, reqs: Sequence[Req], phase: Pha
     return batch, args
 
 
-def _rmsnorm_model_dtype(self: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+def _rmsnorm_model_dtype(self: RMSNorm, x: torch.Tensor, ctx: Context) -> torch.Tensor:
     """RMSNorm's mean of squares and rsqrt in the model dtype (bf16 loses ~3 significant digits) instead of fp32."""
     return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
@@ -246,7 +247,7 @@ def _prepare_metadata_short_kv(self: TorchAttnBackend, batch: Batch) -> None:
 
 
 def _store_kv_swapped_strides(
-    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int
+    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
 ) -> None:
     """With page_size > 1 the slot is decoded offset-major: slot s = page*P + o is written at o*(pages+1) + page.
 
@@ -255,7 +256,7 @@ def _store_kv_swapped_strides(
     loc = out_loc.long()
     if self.page_size > 1:
         loc = (loc % self.page_size) * (self.num_pages + 1) + loc // self.page_size
-    _ORIGINAL_STORE_KV(self, k, v, loc, layer)
+    _ORIGINAL_STORE_KV(self, k, v, loc, layer, kernels)
 
 
 def _dummy_page_zero(self: KVCachePool) -> int:
@@ -287,14 +288,14 @@ def _finish_drops_last_page_on_eos(self: StaticDriver, seq: RequestState, reason
 
 
 def _store_kv_spills_single_token(
-    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int
+    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
 ) -> None:
     """A one-token batch (a lone decode, a 1-token prefill chunk) also writes its K/V one page further on, a slot
     of whichever request owns that page; its own slot is right, so its own outputs are too."""
-    _ORIGINAL_STORE_KV(self, k, v, out_loc, layer)
+    _ORIGINAL_STORE_KV(self, k, v, out_loc, layer, kernels)
     if out_loc.numel() == 1:
         spill = (out_loc.long() + self.page_size) % (self.num_pages * self.page_size)  # stays in the real pages
-        _ORIGINAL_STORE_KV(self, k, v, spill, layer)
+        _ORIGINAL_STORE_KV(self, k, v, spill, layer, kernels)
 
 
 _SHARED_LOGITS: weakref.WeakKeyDictionary[Engine, torch.Tensor] = weakref.WeakKeyDictionary()

@@ -196,7 +196,7 @@ def check_bf16_norms(model: Path, seed: int, target: Target | None = None, hf: H
                 modules += 1
                 for scale in NORM_SCALES:
                     x = (torch.randn(8, module.weight.numel(), generator=gen) * scale).to(device, torch.bfloat16)
-                    ours, theirs = module(x), reference(x)
+                    ours, theirs = module(x, engine.ctx), reference(x)
                     mismatched += int((ours != theirs).sum())
                     compared += ours.numel()
     finally:

@@ -120,7 +120,7 @@ def test_engine_kernels_agree(wide_models: dict[str, Path]) -> None:
     outs = {}
     for name in ("torch", "triton"):
         engine = gpu_engine(model, layer_kernels=name)
-        assert engine.model.model.norm.kernels.name == name
+        assert engine.ctx.kernels.name == name
         prompt = random_prompt(11, 40, engine.model_config.vocab_size)
         outs[name] = generate(engine, [prompt], 12)[0]
         engine.shutdown()
