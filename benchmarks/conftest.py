@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 import torch
 
 from engine import Engine
+from oracle.environment import COMMIT_ENV
 
 from .common import build_engine, has_cuda, model_for, torch_info
 
@@ -33,6 +35,13 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     """Saved runs and baselines say which torch, CUDA, GPU and thread count produced them, next to pytest-benchmark's
     node, CPU and Python; a compare against a baseline made with others warns that machine_info differs."""
     machine_info.update(torch_info())
+
+
+def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict[str, object]) -> None:
+    """$HFPARITY_COMMIT names the commit when the checkout has no .git of its own (a copy on a GPU machine), where
+    pytest-benchmark would read whatever repository lies above it."""
+    if os.environ.get(COMMIT_ENV):
+        commit_info.update(id=os.environ[COMMIT_ENV], dirty=False, source=COMMIT_ENV)
 
 
 def _engine(device: str) -> Engine:
