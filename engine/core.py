@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
@@ -110,23 +110,44 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def token_list(ids: object, name: str) -> list[int]:
+    """Token ids given as a sequence of ints or a 1-D integer tensor (or NumPy array) as a new list of Python
+    ints; InvalidRequestError names `name` otherwise. The ids are not range-checked here."""
+    if not isinstance(ids, torch.Tensor) and hasattr(ids, "__array__") and hasattr(ids, "dtype"):
+        try:
+            ids = torch.as_tensor(ids)
+        except (TypeError, RuntimeError):
+            raise InvalidRequestError(
+                f"{name} must be a 1-D integer array, got an array of dtype {ids.dtype}"
+            ) from None
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise InvalidRequestError(
+                f"{name} must be a 1-D integer tensor, got {ids.dtype} of shape {tuple(ids.shape)}"
+            )
+        return ids.detach().to("cpu", torch.int64).tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise InvalidRequestError(f"{name} must be a list of ints or a 1-D integer tensor, got {type(ids).__name__}")
+    values = list(ids)
+    bad = next((i for i, t in enumerate(values) if not is_int(t)), None)  # an index: the value may be None
+    if bad is not None:
+        raise InvalidRequestError(
+            f"{name} must hold ints, got {values[bad]!r} of type {type(values[bad]).__name__} at index {bad}"
+        )
+    return [int(t) for t in values]
+
+
 class Req:
     """One request as the engine sees it.
 
-    ``input_ids`` (host, int32/int64) holds the prompt and every token generated so far. Tokens
-    ``[0, cached_len)`` have KV on the device; this forward pass computes ``[cached_len, device_len)``.
-    A prefill chunk that stops before the end of ``input_ids`` produces no token.
-
-    Tokens appended with ``append_host`` stay Python ints until ``input_ids`` is read: a decode step then needs
-    no tensor op per request (each costs ~10 µs of host time, which at bs 64 was most of a step).
+    ``token_ids`` (Python ints) holds the prompt and every token appended so far. Tokens ``[0, cached_len)`` have
+    KV on the device; this forward pass computes ``[cached_len, device_len)``. A prefill chunk that stops before
+    the last known token produces no token. The prompt may be given as a list, a 1-D integer tensor or array.
     """
-
-    _stored: torch.Tensor
-    _appended: list[int]
 
     def __init__(
         self,
-        input_ids: torch.Tensor,
+        input_ids: Sequence[int] | torch.Tensor,
         table_idx: int,
         cached_len: int,
         output_len: int,
@@ -134,44 +155,23 @@ class Req:
         sampling_params: SamplingParams,
         cache_handle: Any = None,
     ) -> None:
-        self.input_ids = input_ids
+        self.token_ids = token_list(input_ids, f"request {uid}: input_ids")
         self.table_idx = table_idx
         self.cached_len = cached_len
-        self.device_len = len(input_ids)
+        self.device_len = len(self.token_ids)
         self.output_len = output_len
         self.uid = uid
         self.sampling_params = sampling_params
         self.cache_handle = cache_handle
-        self.max_device_len = len(input_ids) + output_len
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        if self._appended:
-            extra = torch.tensor(self._appended, dtype=self._stored.dtype)
-            self._stored, self._appended = torch.cat([self._stored, extra]), []
-        return self._stored
-
-    @input_ids.setter
-    def input_ids(self, ids: torch.Tensor) -> None:
-        self._stored = ids
-        self._appended = []
-
-    @property
-    def stored_ids(self) -> torch.Tensor:
-        """The tensor behind input_ids, without the tokens appended since it was last read (for type checks)."""
-        return self._stored
+        self.max_device_len = len(self.token_ids) + output_len
 
     @property
     def num_tokens(self) -> int:
-        """len(input_ids), without materializing appended tokens."""
-        return len(self._stored) + len(self._appended)
+        return len(self.token_ids)
 
-    def new_token_ids(self) -> list[int] | torch.Tensor:
-        """The tokens this pass computes, [cached_len, device_len): a list when they were appended as ints."""
-        base = len(self._stored)
-        if self.cached_len >= base:
-            return self._appended[self.cached_len - base : self.device_len - base]
-        return self.input_ids[self.cached_len : self.device_len]
+    def new_token_ids(self) -> list[int]:
+        """The known tokens this pass computes, [cached_len, device_len) (one fewer while one is pending)."""
+        return self.token_ids[self.cached_len : self.device_len]
 
     @property
     def extend_len(self) -> int:
@@ -201,7 +201,7 @@ class Req:
 
     def append_host(self, next_token: int | torch.Tensor) -> None:
         """Append the token sampled for this request (an int, or a one-element tensor)."""
-        self._appended.append(int(next_token))
+        self.token_ids.append(int(next_token))
 
     def __repr__(self) -> str:
         return (

@@ -25,7 +25,7 @@ from .core import Req, SamplingParams, checked_bool, checked_int, is_int
 from .device import upload
 from .engine import Engine, ForwardOutput
 from .errors import CapacityError, ConfigError, EngineBusyError, InvalidRequestError, NonFiniteLogitsError
-from .validate import prompt_tensor
+from .validate import prompt_list
 
 LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
 # Tokens of page-table slots a decode step maps beyond the one it needs; each mapping costs a page-table write
@@ -146,7 +146,7 @@ class _Launch:
 class _Admission:
     """A checked request, ready to take a row and its pages."""
 
-    ids: torch.Tensor
+    ids: list[int]
     params: SamplingParams
     chunks: tuple[int, ...]
     pages: int
@@ -251,7 +251,7 @@ class StaticDriver:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"{where}params must be a SamplingParams, got {type(params).__name__}")
         try:
-            ids = prompt_tensor(prompt_ids, self.engine.model_config.vocab_size)
+            ids = prompt_list(prompt_ids, self.engine.model_config.vocab_size)
             total = len(ids) + params.max_tokens
             if total > self.engine.max_seq_len:
                 raise InvalidRequestError(
@@ -481,8 +481,7 @@ class StaticDriver:
             state = "still running" if uid in self.running else "unknown"
             raise InvalidRequestError(f"uid {uid!r} has no result: the request is {state}")
         seq = self.finished[uid]
-        n_out = len(seq.output_ids)
-        prompt = seq.req.input_ids[: len(seq.req.input_ids) - n_out].tolist()
+        prompt = seq.req.token_ids[: seq.prompt_len]
         return Generation(uid, prompt, list(seq.output_ids), seq.finish_reason, seq.logits, seq.error)
 
     def generate(

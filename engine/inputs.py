@@ -45,15 +45,9 @@ def build_inputs(
     device = page_table.device
     parts = [r.new_token_ids() for r in reqs]
     pending = [i for i, r in enumerate(reqs) if r.token_pending]  # its only new token: 0 holds the place
-    if all(isinstance(p, list) for p in parts):  # decode: the tokens the driver appended, as ints
-        flat = [t for p in parts for t in (p or _PLACEHOLDER)]
-        lo, hi = min(flat), max(flat)
-        check_token_ids(reqs, parts, lo, hi, limits.vocab)
-        ids = torch.tensor(flat)  # only now: an id past int64 would fail here before the message
-    else:
-        ids = torch.cat([torch.as_tensor(p if len(p) else _PLACEHOLDER, dtype=torch.int64) for p in parts])
-        lo, hi = (int(v) for v in ids.aminmax())
-        check_token_ids(reqs, parts, lo, hi, limits.vocab)
+    flat = [t for p in parts for t in (p or _PLACEHOLDER)]
+    check_token_ids(reqs, parts, min(flat), max(flat), limits.vocab)
+    ids = torch.tensor(flat)  # only now: an id past int64 would fail here before the message
     cached = [r.cached_len for r in reqs]
     device_lens = [r.device_len for r in reqs]
     extend = [d - c for c, d in zip(cached, device_lens)]

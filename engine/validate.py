@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .core import Batch, Phase, Req, SamplingParams, is_int
+from .core import Batch, Phase, Req, SamplingParams, is_int, token_list
 from .errors import CapacityError, InvalidRequestError
 from .sample import BatchSamplingArgs
 
@@ -68,17 +68,10 @@ def validate_batch(
 
 
 def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
-    ids = req.stored_ids
-    if (
-        not isinstance(ids, torch.Tensor)
-        or ids.dim() != 1
-        or ids.dtype not in (torch.int32, torch.int64)
-        or ids.device.type != "cpu"
-    ):
-        got = type(ids).__name__
-        if isinstance(ids, torch.Tensor):
-            got += f" {ids.dtype} of shape {tuple(ids.shape)} on {ids.device}"
-        raise InvalidRequestError(f"request {req.uid}: input_ids must be a 1-D int32/int64 CPU tensor, got {got}")
+    if type(req.token_ids) is not list:  # Req builds it; only an assignment from outside can break it
+        raise InvalidRequestError(
+            f"request {req.uid}: token_ids must be the list of ints Req builds, got {type(req.token_ids).__name__}"
+        )
     num_tokens = req.num_tokens
     if num_tokens == 0:
         raise InvalidRequestError(f"request {req.uid}: the prompt is empty; give at least one token")
@@ -109,15 +102,12 @@ def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
         )
 
 
-def check_token_ids(
-    reqs: Sequence[Req], parts: Sequence[list[int] | torch.Tensor], lo: int, hi: int, vocab: int
-) -> None:
+def check_token_ids(reqs: Sequence[Req], parts: Sequence[list[int]], lo: int, hi: int, vocab: int) -> None:
     """Every new token id lies in the vocabulary (lo and hi: the smallest and largest of them)."""
     if lo >= 0 and hi < vocab:
         return
     for req, part in zip(reqs, parts):
-        values = part if isinstance(part, list) else part.tolist()
-        bad = next((t for t in values if not 0 <= t < vocab), None)
+        bad = next((t for t in part if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError(f"request {req.uid}: token id {bad} is outside the vocabulary [0, {vocab})")
 
@@ -244,36 +234,9 @@ def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
         )
 
 
-def prompt_tensor(prompt_ids: object, vocab: int) -> torch.Tensor:
-    """A prompt (a sequence of ints or a 1-D integer tensor) as a new int32 CPU tensor, range-checked before the
-    cast so that no id wraps around. A NumPy array is taken as the tensor it converts to."""
-    if not isinstance(prompt_ids, torch.Tensor) and hasattr(prompt_ids, "__array__") and hasattr(prompt_ids, "dtype"):
-        try:
-            prompt_ids = torch.as_tensor(prompt_ids)
-        except (TypeError, RuntimeError):
-            raise InvalidRequestError(
-                f"prompt_ids must be a 1-D integer array, got an array of dtype {prompt_ids.dtype}"
-            ) from None
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() != 1 or prompt_ids.is_floating_point() or prompt_ids.is_complex() or (
-            prompt_ids.dtype == torch.bool
-        ):
-            raise InvalidRequestError(
-                f"prompt_ids must be a 1-D integer tensor, got {prompt_ids.dtype} of shape {tuple(prompt_ids.shape)}"
-            )
-        ids = prompt_ids.detach().to("cpu", torch.int64)
-        values = ids.tolist()
-    else:
-        if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
-            raise InvalidRequestError(
-                f"prompt_ids must be a list of ints or a 1-D integer tensor, got {type(prompt_ids).__name__}"
-            )
-        values = list(prompt_ids)
-        bad = next((i for i, t in enumerate(values) if not is_int(t)), None)  # an index: the value may be None
-        if bad is not None:
-            raise InvalidRequestError(
-                f"prompt_ids must hold ints, got {values[bad]!r} of type {type(values[bad]).__name__} at index {bad}"
-            )
+def prompt_list(prompt_ids: object, vocab: int) -> list[int]:
+    """A prompt (a sequence of ints, a 1-D integer tensor or array) as a list of ints in the vocabulary."""
+    values = token_list(prompt_ids, "prompt_ids")
     if not values:
         raise InvalidRequestError("the prompt is empty; give at least one token")
     lo, hi = min(values), max(values)
@@ -281,7 +244,7 @@ def prompt_tensor(prompt_ids: object, vocab: int) -> torch.Tensor:
         raise InvalidRequestError(
             f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab}) (prompt ids span {lo}..{hi})"
         )
-    return torch.tensor(values, dtype=torch.int32)
+    return values
 
 
 def check_memory(free_bytes: int, needs: dict[str, int], hint: str) -> None:

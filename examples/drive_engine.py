@@ -61,7 +61,7 @@ def run(model_dir: str, max_tokens: int, page_size: int) -> bool:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     free_pages = list(range(engine.num_pages))
     reqs = [
-        Req(torch.tensor(tokenizer.encode(p), dtype=torch.int32), i, 0, max_tokens, i, params)
+        Req(tokenizer.encode(p), i, 0, max_tokens, i, params)
         for i, p in enumerate(PROMPTS)
     ]
     # Prefill: every prompt in one batch.
@@ -80,8 +80,8 @@ def run(model_dir: str, max_tokens: int, page_size: int) -> bool:
     all_match = True
     for prompt, req in zip(PROMPTS, reqs):
         prompt_len = req.max_device_len - max_tokens
-        ours = req.input_ids[prompt_len:].tolist()
-        hf = oracle.greedy(req.input_ids[:prompt_len].tolist(), max_tokens)
+        ours = req.token_ids[prompt_len:]
+        hf = oracle.greedy(req.token_ids[:prompt_len], max_tokens)
         match = ours == hf
         all_match &= match
         print(f"prompt: {prompt!r}")

@@ -43,7 +43,7 @@ def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[An
     if driver is not None:
         alloc = driver.allocator
         lengths = {
-            u: (s.req.cached_len, s.req.device_len, len(s.req.input_ids), tuple(s.pages), tuple(s.chunks))
+            u: (s.req.cached_len, s.req.device_len, len(s.req.token_ids), tuple(s.pages), tuple(s.chunks))
             for u, s in driver.running.items()
         }
         state += ((list(driver.free_rows), list(alloc.free), alloc.reserved, driver._next_uid, lengths,

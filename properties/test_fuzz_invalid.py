@@ -338,7 +338,7 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
         engine.page_table[row, rnd.randrange(len(tokens))] = rnd.choice([-1, limit, limit + 5, 2**31 - 1])
     elif kind == "new token over live KV":
         live = rnd.choice(decoding).req
-        copy = Req(live.input_ids.clone(), live.table_idx, live.cached_len, 1, live.uid, SamplingParams())
+        copy = Req(list(live.token_ids), live.table_idx, live.cached_len, 1, live.uid, SamplingParams())
         victim = int(engine.page_table[live.table_idx, rnd.randrange(live.cached_len)])
         engine.page_table[free[0], 0] = victim
         reqs, phase = [copy, Req(torch.tensor([tokens[0]], dtype=torch.int32), free[0], 0, 1, 997, params)], "decode"

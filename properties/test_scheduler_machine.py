@@ -261,7 +261,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             self.tally["tokens verified"] += n - self.checked.get(uid, 0)
             self.checked[uid] = n
-            tokens = seq.req.input_ids.tolist()
+            tokens = list(seq.req.token_ids)
             prompt_len = len(tokens) - n
             # Uncached on purpose: the machine checks every live request after every step, and HFOracle's cache
             # would keep every prefix of every request.

@@ -84,8 +84,7 @@ def idle(qwen3: Path) -> Iterator[Contract]:
 
 
 def make_req(ids: Any = (5, 6, 7), table_idx: Any = 0, cached_len: Any = 0, params: Any = GREEDY, uid: int = 0) -> Req:
-    tensor = torch.tensor(ids, dtype=torch.int32) if isinstance(ids, (tuple, list)) else ids
-    return Req(tensor, table_idx, cached_len, 4, uid, params)
+    return Req(ids, table_idx, cached_len, 4, uid, params)
 
 
 def run_batch(engine: Engine, reqs: list[Req], phase: Any = "prefill") -> torch.Tensor:
@@ -178,11 +177,6 @@ REQUEST_CASES: list[tuple[str, Callable[[Engine], list[Req]], str, tuple[str, ..
     ("empty prompt", lambda e: [make_req(torch.zeros(0, dtype=torch.int32))], "prefill", ("empty",)),
     ("token id = vocab", lambda e: [make_req((5, VOCAB, 7))], "prefill", (f"token id {VOCAB}", "[0, 512)")),
     ("negative token id", lambda e: [make_req((5, -1, 7))], "prefill", ("token id -1",)),
-    ("float input_ids", lambda e: [make_req(torch.tensor([5.0, 6.0]))], "prefill", ("input_ids", "torch.float32")),
-    ("int16 input_ids", lambda e: [make_req(torch.tensor([5, 6], dtype=torch.int16))], "prefill",
-     ("input_ids", "torch.int16")),
-    ("2-D input_ids", lambda e: [make_req(torch.tensor([[5, 6]]))], "prefill", ("input_ids", "(1, 2)")),
-    ("list input_ids", lambda e: [Req([5, 6], 0, 0, 4, 0, GREEDY)], "prefill", ("input_ids", "list")),  # type: ignore[arg-type]
     ("table_idx = max_running_req", lambda e: [make_req(table_idx=ROWS)], "prefill", ("table_idx=4", "[0, 4)")),
     ("negative table_idx", lambda e: [make_req(table_idx=-1)], "prefill", ("table_idx=-1",)),
     ("float table_idx", lambda e: [make_req(table_idx=1.5)], "prefill", ("table_idx=1.5",)),
@@ -215,6 +209,35 @@ def test_bad_request_rejected_before_any_write(
     contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, reqs, phase), *needles)
     if isinstance(reqs, list):
         assert [(r.cached_len, r.device_len) for r in reqs if isinstance(r, Req)] == lens
+
+
+BAD_IDS = [
+    ("float tensor", torch.tensor([5.0, 6.0]), ("request 0: input_ids", "torch.float32")),
+    ("bool tensor", torch.tensor([True, False]), ("request 0: input_ids", "torch.bool")),
+    ("2-D tensor", torch.tensor([[5, 6]]), ("request 0: input_ids", "(1, 2)")),
+    ("float in a list", [5, 6.0], ("request 0: input_ids", "6.0", "index 1")),
+    ("None in a list", [5, None], ("request 0: input_ids", "None", "index 1")),
+    ("a string", "56", ("request 0: input_ids", "str")),
+    ("float array", np.array([1.0, 2.0]), ("request 0: input_ids", "torch.float64")),
+]
+
+
+@pytest.mark.parametrize("name,ids,needles", BAD_IDS, ids=[c[0] for c in BAD_IDS])
+def test_a_request_with_bad_ids_is_refused_when_built(name: str, ids: Any, needles: tuple[str, ...]) -> None:
+    """Req keeps its tokens as one list of ints, converted (and type-checked) when it is built."""
+    expect(InvalidRequestError, lambda: make_req(ids), *needles)
+
+
+@pytest.mark.parametrize(
+    "ids", [[5, 6, 7], (5, 6, 7), torch.tensor([5, 6, 7], dtype=torch.int16), np.array([5, 6, 7], dtype=np.uint8),
+            [np.int64(5), np.int32(6), 7]],
+    ids=["list", "tuple", "int16 tensor", "uint8 array", "NumPy ints"],
+)
+def test_any_integer_ids_make_the_same_request(contract: Contract, ids: Any) -> None:
+    plain = run_batch(contract.engine, [make_req(torch.tensor([5, 6, 7], dtype=torch.int32), table_idx=0, uid=0)])
+    req = make_req(ids, table_idx=1, uid=1)
+    assert req.token_ids == [5, 6, 7] and all(type(t) is int for t in req.token_ids)
+    assert torch.equal(run_batch(contract.engine, [req]), plain)
 
 
 SLOT_CASES = [

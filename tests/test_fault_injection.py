@@ -87,7 +87,7 @@ def _live_state(driver: StaticDriver) -> dict[int, tuple[Any, ...]]:
         state[uid] = (
             req.cached_len,
             req.device_len,
-            req.input_ids.tolist(),
+            list(req.token_ids),
             list(seq.output_ids),
             list(seq.chunks),
             slots_view[:, :, slots].clone(),
