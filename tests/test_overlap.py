@@ -125,3 +125,22 @@ def test_hand_driven_passes_can_run_one_ahead_of_the_host(qwen3: Path) -> None:
         return hand_passes(engine, reqs, ["prefill", "decode", "decode", "decode"], pipelined, launch)
 
     assert run(pipelined=True) == run(pipelined=False)
+
+
+def test_undoing_a_pass_leaves_a_row_released_since_released(qwen3: Path) -> None:
+    """The overlapped driver may finish a request (and release its row) while a later pass with it is in flight;
+    if that pass is then undone, the row stays released instead of coming back as the request's live KV."""
+    engine = _engine(qwen3)
+    engine.page_table[0, :16] = torch.arange(16, dtype=torch.int32)
+    req = Req(_prompts(1)[0], 0, 0, 4, 7, PARAMS[0])
+    hand_passes(engine, [req], ["prefill"], pipelined=False)
+    out = engine.forward_batch(*engine.prepare_batch([req], "decode"))
+    assert engine.live_rows[0] == (req.cached_len, 7)
+    engine.release_rows([0])
+    out.undo()
+    assert 0 not in engine.live_rows and (req.cached_len, req.device_len) == (3, 4)
+    hand_passes(engine, [req], ["decode"], pipelined=False)  # the row is free again: the request reruns there
+    assert engine.live_rows[0] == (4, 7)
+    out = engine.forward_batch(*engine.prepare_batch([req], "decode"))
+    out.undo()
+    assert engine.live_rows[0] == (4, 7)  # not released this time: the entry before the pass comes back
