@@ -27,24 +27,25 @@ def _warm(device: str, fn: Callable[[], None]) -> None:
         fn()
 
 
+def _bench_decode(benchmark, engine: Engine, device: str, bs: int, pipelined: bool) -> None:
+    step = DecodeStep(engine, bs, DECODE_CONTEXT[device])
+    run = step.pipelined_step if pipelined else step.step
+    _warm(device, run)
+    benchmark.group = f"decode-step-{'pipelined-' if pipelined else ''}{device}"
+    benchmark.extra_info.update(bs=bs, context=DECODE_CONTEXT[device])
+    benchmark(run)
+
+
 @pytest.mark.parametrize(("device", "bs"), device_params(DECODE_BS))
 def test_decode_step(benchmark, engine_for: EngineFor, device: str, bs: int) -> None:
     """prepare_batch + forward (CUDA graphs where captured) + sampling of bs requests at DECODE_CONTEXT tokens."""
-    step = DecodeStep(engine_for(device), bs, DECODE_CONTEXT[device])
-    _warm(device, step.step)
-    benchmark.group = f"decode-step-{device}"
-    benchmark.extra_info.update(bs=bs, context=DECODE_CONTEXT[device])
-    benchmark(step.step)
+    _bench_decode(benchmark, engine_for(device), device, bs, pipelined=False)
 
 
 @pytest.mark.parametrize(("device", "bs"), device_params(DECODE_BS))
 def test_decode_step_pipelined(benchmark, engine_for: EngineFor, device: str, bs: int) -> None:
     """The same step with the next one started before this one's tokens are waited for (the overlapped driver)."""
-    step = DecodeStep(engine_for(device), bs, DECODE_CONTEXT[device])
-    _warm(device, step.pipelined_step)
-    benchmark.group = f"decode-step-pipelined-{device}"
-    benchmark.extra_info.update(bs=bs, context=DECODE_CONTEXT[device])
-    benchmark(step.pipelined_step)
+    _bench_decode(benchmark, engine_for(device), device, bs, pipelined=True)
 
 
 @pytest.mark.benchmark(min_rounds=3)

@@ -334,7 +334,9 @@ class Engine:
             validate_batch(reqs, phase, self.limits, self.live_rows)
             self._wait_for_caller()
             with self.device.stream_context():
-                inputs = build_inputs(reqs, self.limits, self.page_table, self.live_rows, self.last_tokens)
+                inputs = build_inputs(
+                    reqs, self.limits, self.page_table, self.live_rows, self.last_tokens, self.ctx.kernels
+                )
                 return self._prepare_batch(reqs, phase, inputs)
 
     def _wait_for_caller(self) -> None:

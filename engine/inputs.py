@@ -15,7 +15,8 @@ import torch
 
 from .core import Req
 from .device import upload
-from .validate import Limits, check_token_ids, slot_verdict
+from .layers.kernels import LayerKernels
+from .validate import Limits, SlotQuery, check_token_ids
 
 _PLACEHOLDER = [0]
 
@@ -27,7 +28,7 @@ class BatchInputs:
     out_loc: torch.Tensor  # int32 [tokens], device: the KV slots they write (the dummy page's if flags say so)
     rows: torch.Tensor  # int64 [requests], device: each request's page-table row
     table_rows: torch.Tensor  # int64 [requests], device: the rows to read (the dummy row's if flags say so)
-    flags: torch.Tensor  # bool [1 to 3], device: slot_verdict's, read with the step's tokens
+    flags: torch.Tensor  # bool [1], device: the slot verdict (True: refused), read with the step's tokens
     others: list[int]  # live page-table rows outside the batch, whose cached KV the batch may not overwrite
 
 
@@ -37,11 +38,13 @@ def build_inputs(
     page_table: torch.Tensor,
     live_rows: Mapping[int, tuple[int, int]],
     last_tokens: torch.Tensor,
+    kernels: LayerKernels,
 ) -> BatchInputs:
     """Token ids (range-checked on the host; a pending token is read from last_tokens, the engine's per-row
     last sampled token), positions and write slots of the new tokens of validated requests. The slot checks run
     on the device and are not waited for: if they fail, every write goes to the dummy page and every read to the
-    dummy row, and the verdict reaches the host with the step's tokens. Runs on the engine's stream."""
+    dummy row, and the verdict reaches the host with the step's tokens. kernels runs the slot checks (its
+    slot_check). Runs on the engine's stream."""
     device = page_table.device
     parts = [r.new_token_ids() for r in reqs]
     pending = [i for i, r in enumerate(reqs) if r.token_pending]  # its only new token: 0 holds the place
@@ -68,12 +71,13 @@ def build_inputs(
     other_lens = [live_rows[row][0] for row in others]
     pend_at = [starts[i] for i in pending] + [rows[i] for i in pending]
     host = torch.cat([
-        torch.tensor(rows + cached + device_lens + others + other_lens + pend_at), token_req, positions, ids,
+        torch.tensor(rows + cached + device_lens + starts + others + other_lens + pend_at), token_req, positions, ids,
     ])
     packed = upload(host, device)  # one transfer for everything the checks and inputs need
-    rows_d, cached_d, device_d = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-    o = 3 * n + 2 * len(others)
-    others_d, other_lens_d = packed[3 * n : 3 * n + len(others)], packed[3 * n + len(others) : o]
+    rows_d, cached_d, device_d, starts_d = (packed[k * n : (k + 1) * n] for k in range(4))
+    m, o = len(others), 4 * n
+    others_d, other_lens_d = packed[o : o + m], packed[o + m : o + 2 * m]
+    o += 2 * m
     pend_at_d, pend_rows_d = packed[o : o + len(pending)], packed[o + len(pending) : o + 2 * len(pending)]
     o += 2 * len(pending)
     token_req_d, positions_d = packed[o : o + t], packed[o + t : o + 2 * t]
@@ -82,15 +86,9 @@ def build_inputs(
         ids_d = last_tokens.index_select(0, rows_d)
     elif pending:
         ids_d.index_copy_(0, pend_at_d, last_tokens.index_select(0, pend_rows_d))
-    # The rows of the batch, as wide as the longest request: every slot it reads or writes is in there.
-    table = page_table.index_select(0, rows_d)[:, : max(device_lens)]
-    out_loc = table[token_req_d, positions_d]
-    live = page_table.index_select(0, others_d)[:, : max(other_lens)] if others else None
-    flags = slot_verdict(
-        table, cached_d, device_d, out_loc, live, other_lens_d if others else None, limits,
-        written_or_cached=t > 1 or max(cached) > 0 or bool(others),
-    )
-    refused = flags.any()
+    query = SlotQuery(rows_d, cached_d, device_d, starts_d, token_req_d, positions_d, others_d, other_lens_d,
+                      max(device_lens), max(other_lens, default=0))
+    out_loc, refused = kernels.slot_check(page_table, query, limits)
     out_loc = torch.where(refused, limits.num_slots, out_loc)  # slot num_slots: the dummy page's first
     table_rows = torch.where(refused, limits.max_rows, rows_d)  # row max_rows: the dummy row
-    return BatchInputs(ids_d, positions_d, out_loc, rows_d, table_rows, flags, others)
+    return BatchInputs(ids_d, positions_d, out_loc, rows_d, table_rows, refused.view(1), others)

@@ -112,6 +112,35 @@ def check_token_ids(reqs: Sequence[Req], parts: Sequence[list[int]], lo: int, hi
             raise InvalidRequestError(f"request {req.uid}: token id {bad} is outside the vocabulary [0, {vocab})")
 
 
+@dataclass
+class SlotQuery:
+    """A batch's page-table rows and lengths on the device, what the slot checks read (Engine.ctx.kernels does
+    them: slot_check below is the torch reference)."""
+
+    rows: torch.Tensor  # int64 [n]: each request's page-table row
+    cached: torch.Tensor  # int64 [n]: cached_len
+    device_len: torch.Tensor  # int64 [n]
+    starts: torch.Tensor  # int64 [n]: index of each request's first new token in the batch
+    token_req: torch.Tensor  # int64 [tokens]: the request of each new token
+    positions: torch.Tensor  # int64 [tokens]: its position, also its page-table column
+    others: torch.Tensor  # int64 [m]: live rows outside the batch
+    other_lens: torch.Tensor  # int64 [m]: their cached lengths
+    max_len: int  # the longest device_len
+    max_other_len: int  # the longest of other_lens (0 without live rows outside)
+
+
+def slot_check(page_table: torch.Tensor, q: SlotQuery, limits: Limits) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots the new tokens write (int32 [tokens], read from the page table) and the verdict (bool []: True
+    when the batch must be refused), launched on the device and not waited for."""
+    table = page_table.index_select(0, q.rows)[:, : q.max_len]  # every slot the batch reads or writes is in here
+    out_loc = table[q.token_req, q.positions]
+    live = page_table.index_select(0, q.others)[:, : q.max_other_len] if q.max_other_len else None
+    written_or_cached = len(out_loc) > 1 or q.max_other_len > 0 or q.max_len > 1
+    flags = slot_verdict(table, q.cached, q.device_len, out_loc, live, q.other_lens if live is not None else None,
+                         limits, written_or_cached)
+    return out_loc, flags.any()
+
+
 def slot_verdict(
     table: torch.Tensor,
     cached: torch.Tensor,

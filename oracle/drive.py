@@ -10,14 +10,15 @@ reuse pages that earlier examples and churn requests filled.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from hypothesis import strategies as st
 
-from engine import Engine, Req, SamplingParams
+from engine import Engine, ForwardOutput, Req, SamplingParams
+from engine.core import Phase
 from engine.driver import Generation, StaticDriver
 from oracle.strategies import LayoutSpec, RequestSpec
 from oracle.target import Target
@@ -197,3 +198,29 @@ def kv_slot_view(engine: Engine) -> torch.Tensor:
     """The engine's KV pool as [2 (K, V), layers, slots, kv_heads, head_dim] (a view)."""
     pool = engine.kv_cache
     return pool.buffer.view(2, pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim)
+
+
+Launch = Callable[[list[Req], Phase], ForwardOutput]
+
+
+def hand_passes(engine: Engine, reqs: list[Req], phases: Sequence[Phase], pipelined: bool,
+                launch: Launch | None = None) -> list[list[int]]:
+    """The seed's hand-driven loop: one pass per phase, each pass's tokens appended to its requests. Pipelined,
+    pass k+1 starts before pass k's tokens are read (it reads them on the device), as the overlapped driver
+    runs. launch(reqs, phase) starts a pass (default: prepare_batch, then forward_batch)."""
+    start = launch or (lambda batch_reqs, phase: engine.forward_batch(*engine.prepare_batch(batch_reqs, phase)))
+    tokens: list[list[int]] = []
+    in_flight: ForwardOutput | None = None
+    for phase in phases:
+        out: ForwardOutput | None = start(reqs, phase)
+        if pipelined:
+            in_flight, out = out, in_flight
+        if out is None:
+            continue
+        step = out.result().tolist()
+        for req, token in zip(reqs, step):
+            req.append_host(token)
+        tokens.append(step)
+    if in_flight is not None:
+        tokens.append(in_flight.result().tolist())
+    return tokens

@@ -323,6 +323,9 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any) -> None:
     elif kind == "params not SamplingParams":
         params = rnd.choice([None, {"temperature": 0.0}])
     ids = torch.tensor(tokens, dtype=torch.float32 if kind == "float input_ids" else torch.int32)
+    if kind == "float input_ids":  # refused as the Req is built: it keeps its tokens as a list of ints
+        _rejects(driver, InvalidRequestError, lambda: Req(ids, row, cached, 1, 999, params), "input_ids", "float32")
+        return
     reqs: list[Any] = [Req(ids, row, cached, 1, 999, params)]
     if kind == "row twice":
         reqs.append(Req(ids.clone(), row, 0, 1, 998, SamplingParams()))

@@ -57,6 +57,10 @@ class CountingKernels(TorchKernels):
         self.calls["store_kv"] += 1
         return super().store_kv(*args, **kwargs)
 
+    def slot_check(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls["slot_check"] += 1
+        return super().slot_check(*args, **kwargs)
+
 
 def _engine(model: Path) -> Engine:
     return Engine(EngineConfig(str(model), device="cpu", max_running_req=2, num_page_override=64), sampler_seed=0)
@@ -80,8 +84,9 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     layers = engine.model_config.num_layers
     steps = 3  # one prefill, two decodes
     # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP, one KV store; plus the final
-    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels.
+    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels; one slot check per step.
     assert counting.calls == {
+        "slot_check": steps,
         "rms_norm": steps * (4 * layers + 1),
         "norm_rope": steps * 2 * layers,
         "silu_and_mul": steps * layers,

@@ -14,6 +14,7 @@ import torch
 
 from engine import Engine, EngineConfig, InvalidRequestError, Req, SamplingParams
 from engine.driver import StaticDriver
+from oracle.drive import hand_passes
 
 VOCAB = 512
 
@@ -110,22 +111,36 @@ def test_hand_driven_passes_can_run_one_ahead_of_the_host(qwen3: Path) -> None:
     def run(pipelined: bool) -> list[list[int]]:
         engine = _engine(qwen3)
         engine.page_table[:2, :16] = torch.arange(32, dtype=torch.int32).view(2, 16)
-        reqs = [Req(torch.tensor(p, dtype=torch.int32), i, 0, 4, i, PARAMS[i]) for i, p in enumerate(_prompts(2))]
-        tokens, in_flight = [], None
-        for phase in ("prefill", "decode", "decode", "decode"):
-            out = engine.forward_batch(*engine.prepare_batch(reqs, phase))
-            if pipelined:
-                in_flight, out = out, in_flight
-                if out is None:
-                    continue
+        reqs = [Req(p, i, 0, 4, i, PARAMS[i]) for i, p in enumerate(_prompts(2))]
+        started = [0]
+
+        def launch(batch: list[Req], phase: str) -> Any:
+            out = engine.forward_batch(*engine.prepare_batch(batch, phase))  # type: ignore[arg-type]
+            if pipelined and started[0]:  # the previous pass is still in flight: now two ahead of the host
                 with pytest.raises(InvalidRequestError, match="known tokens"):
-                    engine.prepare_batch(reqs, "decode")  # two passes ahead of the host
-            step = out.result().tolist()
-            for req, token in zip(reqs, step):
-                req.append_host(token)
-            tokens.append(step)
-        if in_flight is not None:
-            tokens.append(in_flight.result().tolist())
-        return tokens
+                    engine.prepare_batch(batch, "decode")
+            started[0] += 1
+            return out
+
+        return hand_passes(engine, reqs, ["prefill", "decode", "decode", "decode"], pipelined, launch)
 
     assert run(pipelined=True) == run(pipelined=False)
+
+
+def test_undoing_a_pass_leaves_a_row_released_since_released(qwen3: Path) -> None:
+    """The overlapped driver may finish a request (and release its row) while a later pass with it is in flight;
+    if that pass is then undone, the row stays released instead of coming back as the request's live KV."""
+    engine = _engine(qwen3)
+    engine.page_table[0, :16] = torch.arange(16, dtype=torch.int32)
+    req = Req(_prompts(1)[0], 0, 0, 4, 7, PARAMS[0])
+    hand_passes(engine, [req], ["prefill"], pipelined=False)
+    out = engine.forward_batch(*engine.prepare_batch([req], "decode"))
+    assert engine.live_rows[0] == (req.cached_len, 7)
+    engine.release_rows([0])
+    out.undo()
+    assert 0 not in engine.live_rows and (req.cached_len, req.device_len) == (3, 4)
+    hand_passes(engine, [req], ["decode"], pipelined=False)  # the row is free again: the request reruns there
+    assert engine.live_rows[0] == (4, 7)
+    out = engine.forward_batch(*engine.prepare_batch([req], "decode"))
+    out.undo()
+    assert engine.live_rows[0] == (4, 7)  # not released this time: the entry before the pass comes back

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..registry import Registry
+from ..validate import Limits, SlotQuery, slot_check
 from .activation import silu_and_mul
 
 if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
@@ -73,6 +74,13 @@ class LayerKernels(ABC):
         self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
     ) -> None:
         """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
+
+    def slot_check(
+        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's write slots and its slot verdict, not waited for (engine/validate.py's slot_check states the
+        rules; that torch sequence is the default)."""
+        return slot_check(page_table, query, limits)
 
 
 class TorchKernels(LayerKernels):
@@ -142,6 +150,11 @@ class TritonKernels(LayerKernels):
             self._k.store_kv(k_slots, v_slots, k, v, loc)
         else:
             TORCH_KERNELS.store_kv(k_slots, v_slots, k, v, loc)
+
+    def slot_check(
+        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._k.slot_check(page_table, query, limits.num_slots, limits.page_size)
 
 
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

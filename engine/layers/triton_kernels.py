@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..validate import SlotQuery
 from .rotary import RotaryEmbedding
 
 
@@ -197,3 +198,73 @@ def store_kv(
             k, v, k_slots, v_slots, loc, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_slots.stride(0),
             HEADS=heads, HEAD_DIM=head_dim, num_warps=4,
         )
+
+
+# ---- the slot checks (engine/validate.py's slot_check states them): two launches instead of ~30 torch ops ------
+SLOT_BLOCK = 256
+
+
+@triton.jit
+def _slot_mark_kernel(
+    table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, starts_ptr, n_batch, hits_ptr, flag_ptr, out_ptr,
+    num_slots, PS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Row i (the batch's first, then the live rows outside it), columns of block b: flag a read slot outside the
+    pool or off the page structure; mark cached slots 2 and add 1 per written one; write out_loc."""
+    i = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(rows_ptr + i)
+    used = j < tl.load(len_ptr + i)
+    cached = tl.load(cached_ptr + i)
+    slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
+    in_pool = (slot >= 0) & (slot < num_slots)
+    batch = i < n_batch
+    bad = used & ~in_pool
+    if PS > 1:
+        first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
+        bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
+    tl.atomic_max(flag_ptr, tl.max((bad & batch).to(tl.int32), axis=0))
+    tl.store(hits_ptr + slot, 2, mask=used & in_pool & (j < cached))
+    written = used & (j >= cached) & batch
+    tl.atomic_add(hits_ptr + slot, 1, mask=written & in_pool)
+    tl.store(out_ptr + tl.load(starts_ptr + i, mask=batch, other=0) + j - cached, slot, mask=written)
+
+
+@triton.jit
+def _slot_count_kernel(
+    table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, hits_ptr, flag_ptr, num_slots, BLOCK: tl.constexpr
+):
+    """Flag a written slot counted more than once: cached (2) or written twice (1 + 1), in whatever order the
+    marks landed."""
+    i = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(rows_ptr + i)
+    written = (j < tl.load(len_ptr + i)) & (j >= tl.load(cached_ptr + i))
+    slot = tl.load(table_ptr + row * stride_row + j, mask=written, other=-1)
+    written = written & (slot >= 0) & (slot < num_slots)
+    hits = tl.load(hits_ptr + slot, mask=written, other=0)
+    tl.atomic_max(flag_ptr, tl.max((hits > 1).to(tl.int32), axis=0))
+
+
+def slot_check(
+    page_table: torch.Tensor, q: SlotQuery, num_slots: int, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out_loc int32 [tokens], refused bool []): validate.slot_check's results in two launches."""
+    device = page_table.device
+    n, m = len(q.rows), len(q.others)
+    rows = torch.cat([q.rows, q.others]) if m else q.rows
+    lens = torch.cat([q.device_len, q.other_lens]) if m else q.device_len
+    cached = torch.cat([q.cached, q.other_lens]) if m else q.cached  # a live row's slots all count as cached
+    hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    out_loc = torch.empty(len(q.positions), dtype=torch.int32, device=device)
+    blocks = triton.cdiv(max(q.max_len, q.max_other_len), SLOT_BLOCK)
+    stride = page_table.stride(0)
+    _slot_mark_kernel[(n + m, blocks)](
+        page_table, stride, rows, cached, lens, q.starts, n, hits, flag, out_loc, num_slots,
+        PS=page_size, BLOCK=SLOT_BLOCK,
+    )
+    _slot_count_kernel[(n, triton.cdiv(q.max_len, SLOT_BLOCK))](
+        page_table, stride, rows, cached, lens, hits, flag, num_slots, BLOCK=SLOT_BLOCK
+    )
+    return out_loc, flag[0] > 0

@@ -522,11 +522,12 @@ def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
 
 
 def _build_inputs_without_live_rows(
-    reqs: Sequence[Req], limits: Any, page_table: torch.Tensor, live_rows: Any, last_tokens: torch.Tensor
+    reqs: Sequence[Req], limits: Any, page_table: torch.Tensor, live_rows: Any, last_tokens: torch.Tensor,
+    kernels: Any,
 ) -> BatchInputs:
     """The slot checks leave out the live rows outside the batch (its `others` are empty): a new token may overwrite
     the cached KV of a running request that is not in this batch; the checks within the batch are unchanged."""
-    return _ORIGINAL_BUILD_INPUTS(reqs, limits, page_table, {}, last_tokens)
+    return _ORIGINAL_BUILD_INPUTS(reqs, limits, page_table, {}, last_tokens, kernels)
 
 
 def _generate_admitting_eagerly(

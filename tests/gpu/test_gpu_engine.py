@@ -9,9 +9,10 @@ import pytest
 import torch
 from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
-from engine import Batch, Engine, EngineConfig, Req, SamplingParams
+from engine import Batch, Engine, EngineConfig, ForwardOutput, Req, SamplingParams
 from engine.kvcache import KVCachePool
 from engine.layers.linear import Linear
+from oracle.drive import hand_passes
 
 pytestmark = needs_cuda
 
@@ -84,30 +85,18 @@ def test_a_pass_starts_without_waiting_for_the_device(wide_models: dict[str, Pat
     def run(pipelined: bool) -> list[list[int]]:
         engine = gpu_engine(wide_models["qwen3"])
         engine.page_table[:2, :16] = torch.arange(32, dtype=torch.int32, device="cuda").view(2, 16)
-        reqs = [Req(torch.tensor(random_prompt(i, 5 + i, 512), dtype=torch.int32), i, 0, 4, i, params)
-                for i in range(2)]
+        reqs = [Req(random_prompt(i, 5 + i, 512), i, 0, 4, i, params) for i in range(2)]
         assert engine.graph_runner.can_use_graph(Batch(reqs, "decode")) == HAS_FLASHINFER
         torch.cuda.synchronize()
-        tokens: list[list[int]] = []
-        in_flight = None
-        for phase in ("prefill", "decode", "decode", "decode"):
-            if pipelined:  # the next pass starts before this one's tokens are read: it reads them on the device
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    out = engine.forward_batch(*engine.prepare_batch(reqs, phase))
-                finally:
-                    torch.cuda.set_sync_debug_mode(0)
-                in_flight, out = out, in_flight
-                if out is None:
-                    continue
-            else:
-                out = engine.forward_batch(*engine.prepare_batch(reqs, phase))
-            step = out.result().tolist()
-            for req, token in zip(reqs, step):
-                req.append_host(token)
-            tokens.append(step)
-        if in_flight is not None:
-            tokens.append(in_flight.result().tolist())
+
+        def launch(batch: list[Req], phase: str) -> ForwardOutput:
+            torch.cuda.set_sync_debug_mode("error" if pipelined else 0)
+            try:
+                return engine.forward_batch(*engine.prepare_batch(batch, phase))  # type: ignore[arg-type]
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+
+        tokens = hand_passes(engine, reqs, ["prefill", "decode", "decode", "decode"], pipelined, launch)
         assert [r.device_len for r in reqs] == [9, 10]
         engine.shutdown()
         return tokens

@@ -8,16 +8,20 @@ kernel set: same greedy tokens, close logits.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import torch
 from gpu_support import TOL, generate, gpu_engine, needs_cuda, random_prompt
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, triton_unsupported_reason
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
+from engine.validate import Limits, SlotQuery
 from oracle.checks import compare_greedy
 
 pytestmark = [
@@ -129,3 +133,70 @@ def test_engine_kernels_agree(wide_models: dict[str, Path]) -> None:
     assert float((ref.logits[0] - got.logits[0]).abs().max()) <= 0.06 * scale
     failure = compare_greedy(got.output_ids, got.logits, ref.output_ids, ref.logits, TOL).failure
     assert failure is None, f"triton vs torch kernels: {failure}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    page_size=st.sampled_from((1, 2, 4, 16)),
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 39)), min_size=1, max_size=5),
+    live=st.lists(st.integers(1, 40), max_size=3),
+    faults=st.lists(st.tuples(st.sampled_from(["out", "negative", "alias", "twice", "offset"]), st.integers(0, 10**6)),
+                    max_size=2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_triton_slot_check_is_the_torch_one(
+    page_size: int, lengths: list[tuple[int, int]], live: list[int], faults: list[tuple[str, int]], seed: int
+) -> None:
+    """Random batches over a shuffled, page-structured page table, with faults that must be refused (slots out
+    of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset): the same
+    out_loc for every new token and the same verdict as engine/validate.py's torch reference."""
+    rnd = random.Random(seed)
+    num_pages, width = 64, 48
+    limits = Limits(max_rows=8, max_seq_len=width, vocab=512, num_slots=num_pages * page_size, page_size=page_size)
+    table = torch.zeros(9, width, dtype=torch.int32)
+    free = list(range(num_pages))
+    rnd.shuffle(free)
+    reqs = [(device_len, min(cached, device_len - 1)) for device_len, cached in lengths]
+    rows = list(range(len(reqs) + len(live)))
+    for row, n in zip(rows, [d for d, _ in reqs] + live):
+        for start in range(0, n, page_size):
+            if not free:
+                return
+            page = free.pop()
+            table[row, start : start + page_size] = page * page_size + torch.arange(page_size)[: width - start]
+    for kind, pick in faults:
+        r = pick % len(reqs)
+        device_len, cached = reqs[r]
+        col = cached + pick % (device_len - cached)  # a written column
+        if kind == "out":
+            table[r, pick % device_len] = limits.num_slots + pick % 7
+        elif kind == "negative":
+            table[r, pick % device_len] = -1 - pick % 5
+        elif kind == "alias" and (cached or live):
+            src = (len(reqs), pick % live[0]) if live and pick % 2 else (r, pick % max(cached, 1))
+            table[r, col] = table[src]
+        elif kind == "twice" and len(reqs) > 1:
+            other = (r + 1) % len(reqs)
+            table[r, col] = table[other, reqs[other][1]]
+        elif kind == "offset" and page_size > 1:
+            table[r, col] = table[r, col] + 1
+    device = torch.device("cuda")
+    extend = [d - c for d, c in reqs]
+    starts = [0]
+    for e in extend[:-1]:
+        starts.append(starts[-1] + e)
+    token_req = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor(extend))
+    positions = torch.cat([torch.arange(c, d) for d, c in reqs])
+
+    def dev(values: list[int] | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.int64).to(device)
+
+    query = SlotQuery(
+        dev(rows[: len(reqs)]), dev([c for _, c in reqs]), dev([d for d, _ in reqs]), dev(starts), dev(token_req),
+        dev(positions), dev(rows[len(reqs):]), dev(live), max(d for d, _ in reqs), max(live, default=0),
+    )
+    table = table.to(device)
+    want_loc, want = TORCH_KERNELS.slot_check(table, query, limits)
+    got_loc, got = LAYER_KERNELS.factory("triton")().slot_check(table, query, limits)
+    assert bool(got) == bool(want)
+    assert torch.equal(got_loc, want_loc)
