@@ -15,6 +15,7 @@ from .errors import EngineError, InvalidRequestError
 
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
+    from .distributed.comm import Comm
     from .kvcache.pool import KVCachePool
     from .layers.kernels import LayerKernels
 
@@ -261,14 +262,16 @@ class Batch:
 
 @dataclass
 class Context:
-    """What a forward pass reads besides the weights: the KV pool, the page table, the attention backend and the
-    layer kernels, and the batch while one runs. Owned by one Engine; there is no global copy."""
+    """What a forward pass reads besides the weights: the KV pool, the page table, the attention backend, the
+    layer kernels, the TP ranks' communication, and the batch while one runs. Owned by one Engine; there is no
+    global copy."""
 
     page_size: int
     page_table: torch.Tensor
     kv_cache: KVCachePool
     attn_backend: BaseAttnBackend
     kernels: LayerKernels
+    comm: Comm
     _batch: Batch | None = None
 
     @property

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
 from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device
 from .distributed import Comm, NullComm, TorchDistComm
-from .distributed.tp import install_all_reduce, shard_config, shard_tensor
+from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .inputs import BatchInputs, build_inputs
@@ -219,12 +218,9 @@ class Engine:
         if config.use_dummy_weight:
             fill_dummy_weights(model)
         else:
-            shard = None if self.tp_info.size == 1 else partial(shard_tensor, tp=self.tp_info)
-            load_weights(model, config.model_path, model_config.tie_word_embeddings, shard)
+            load_weights(model, config.model_path, model_config.tie_word_embeddings)
         if self.device.is_cuda:
             narrowing_weights_column_major(model)
-        if self.tp_info.size > 1:
-            install_all_reduce(model, self.comm)
         model.init_rotary(self.max_seq_len, self.device.torch_device)
         self.model = model.eval()
         # On CUDA what the model took is measured, as the seed plans it (the allocator's rounding and the rotary
@@ -275,7 +271,7 @@ class Engine:
             self.device.torch_device,
         )
         self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend,
-                           kernels=LAYER_KERNELS.factory(choices.kernels)())
+                           kernels=LAYER_KERNELS.factory(choices.kernels)(), comm=self.comm)
 
     def _init_graphs(self, choices: _Choices) -> None:
         """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""

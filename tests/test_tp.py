@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, TPInfo
+from engine.distributed.tp import shard_config
 from engine.driver import StaticDriver
+from engine.models import get_model_class, load_weights
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8], [1, 6, 1, 8, 0, 3, 3, 9, 8, 8, 7]]
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -81,3 +84,28 @@ def test_tp_size_must_divide_the_heads(tiny_models: dict[str, Path]) -> None:
     model = tiny_models["llama"]  # 4 query heads, 2 KV heads
     with pytest.raises(ConfigError, match="num_key_value_heads=2"):
         Engine(_config(model, TPInfo(0, 4)))
+
+
+def test_each_parallel_layer_loads_its_rank_slice(tiny_models: dict[str, Path]) -> None:
+    """Rank 1 of 2: the merged column-parallel layers hold the second half of q, k, v, gate and up (rows), the
+    row-parallel ones the second half of o_proj and down_proj (columns); the rest is whole. No process group is
+    needed: the layers cut their slices themselves (engine/layers/linear.py)."""
+    model_dir = tiny_models["qwen2"]  # q/k/v biases too
+    cfg = shard_config(EngineConfig(str(model_dir), device="cpu").model_config, TPInfo(1, 2))
+    with torch.device("meta"):
+        model = get_model_class(cfg.architecture)(cfg, None)
+    model = model.to_empty(device="cpu")
+    load_weights(model, model_dir, cfg.tie_word_embeddings)
+    full = load_file(str(model_dir / "model.safetensors"))
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    q, k, v = (full[f"model.layers.0.self_attn.{p}_proj.weight"].chunk(2, 0)[1] for p in "qkv")
+    assert torch.equal(attn.qkv_proj.weight, torch.cat([q, k, v]).to(attn.qkv_proj.weight.dtype))
+    bias = torch.cat([full[f"model.layers.0.self_attn.{p}_proj.bias"].chunk(2, 0)[1] for p in "qkv"])
+    assert torch.equal(attn.qkv_proj.bias, bias.to(attn.qkv_proj.bias.dtype))
+    gate, up = (full[f"model.layers.0.mlp.{p}_proj.weight"].chunk(2, 0)[1] for p in ("gate", "up"))
+    assert torch.equal(mlp.gate_up_proj.weight, torch.cat([gate, up]).to(mlp.gate_up_proj.weight.dtype))
+    for layer, name in ((attn.o_proj, "self_attn.o_proj"), (mlp.down_proj, "mlp.down_proj")):
+        want = full[f"model.layers.0.{name}.weight"].chunk(2, 1)[1]
+        assert torch.equal(layer.weight, want.to(layer.weight.dtype))
+    embed = full["model.embed_tokens.weight"]
+    assert torch.equal(model.model.embed_tokens.weight, embed.to(model.model.embed_tokens.weight.dtype))

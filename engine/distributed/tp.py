@@ -1,26 +1,18 @@
 """Tensor parallelism in the Megatron layout: each rank holds 1/size of the heads and of the MLP.
 
-q/k/v and gate/up are split along their outputs (column parallel); o_proj and down_proj along their inputs (row
-parallel), and their partial outputs are summed across ranks. Embeddings, norms and the LM head are replicated,
-so every rank ends with the same logits and samples the same token.
+shard_config gives a rank its model: its share of the heads and the MLP width, and its TPInfo, from which the
+parallel layers (engine/layers/linear.py) load their slice of each checkpoint tensor and the row-parallel ones sum
+their partial outputs across the ranks. Embeddings, norms and the LM head are replicated, so every rank ends with
+the same logits and samples the same token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-
-import torch
-from torch import nn
 
 from ..errors import ConfigError
 from ..models.config import ModelConfig
-from .comm import Comm
 from .info import TPInfo
-
-_COLUMN_RE = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
-_ROW_RE = re.compile(r"\.(o_proj|down_proj)\.weight$")
-_ROW_MODULES = ("o_proj", "down_proj")
 
 
 def shard_config(cfg: ModelConfig, tp: TPInfo) -> ModelConfig:
@@ -41,26 +33,5 @@ def shard_config(cfg: ModelConfig, tp: TPInfo) -> ModelConfig:
         num_qo_heads=cfg.num_qo_heads // tp.size,
         num_kv_heads=cfg.num_kv_heads // tp.size,
         intermediate_size=cfg.intermediate_size // tp.size,
+        tp=tp,
     )
-
-
-def shard_tensor(name: str, value: torch.Tensor, tp: TPInfo) -> torch.Tensor:
-    """This rank's slice of a full checkpoint tensor (the whole tensor where the layer is replicated)."""
-    if tp.size == 1:
-        return value
-    if _COLUMN_RE.search(name):
-        return value.chunk(tp.size, dim=0)[tp.rank]
-    if _ROW_RE.search(name):
-        return value.chunk(tp.size, dim=1)[tp.rank]
-    return value
-
-
-def install_all_reduce(model: nn.Module, comm: Comm) -> None:
-    """Sum the row-parallel projections' partial outputs across ranks, right after each one runs."""
-
-    def reduce(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-        return comm.all_reduce(output)
-
-    for name, module in model.named_modules():
-        if name.endswith(_ROW_MODULES):
-            module.register_forward_hook(reduce)

@@ -1,4 +1,9 @@
-"""Linear layers. Merged projections (qkv, gate_up) are one weight filled shard by shard at load time.
+"""Linear layers, tensor-parallel in the Megatron layout, each owning its shard of the weights.
+
+A Linear is replicated. A ColumnParallelLinear holds 1/size of the output features (q/k/v, gate/up: merged into one
+weight filled projection by projection), a RowParallelLinear 1/size of the input features (o_proj, down_proj); the
+row-parallel output is a partial sum, which it all-reduces across the ranks through the forward context's comm. At
+load time each layer cuts its rank's slice out of a full checkpoint tensor (load_slice).
 
 On CUDA a Linear that narrows (input wider than output: o_proj, down_proj) keeps its weight column-major, as a
 transposed view of a contiguous [in, out] tensor; the math is the same, and cuBLAS's batch-1 GEMV for the
@@ -7,12 +12,21 @@ Qwen3-0.6B o_proj takes 5.0 µs that way against 11.7 µs row-major, with bitwis
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.info import TPInfo
+
+if TYPE_CHECKING:
+    from ..core import Context
+
 
 class Linear(nn.Module):
+    """Replicated: every rank holds the whole weight."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
@@ -21,12 +35,28 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the checkpoint tensor for parameter `leaf` (weight or bias)."""
+        return full
 
-class MergedLinear(Linear):
-    """Several HF projections stacked along the output dim; `shards` names them with their sizes."""
 
-    def __init__(self, in_features: int, shards: dict[str, int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(shards.values()), bias)
+class ColumnParallelLinear(Linear):
+    """Output features split over the TP ranks; out_features is this rank's share."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPInfo, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias)
+        self.tp = tp
+
+    def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        return full.chunk(self.tp.size, dim=0)[self.tp.rank] if self.tp.size > 1 else full
+
+
+class MergedLinear(ColumnParallelLinear):
+    """Several HF projections stacked along the output dim, each split over the ranks; `shards` names them with
+    this rank's sizes."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], tp: TPInfo, bias: bool = False) -> None:
+        super().__init__(in_features, sum(shards.values()), tp, bias)
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         start = 0
         for name, size in shards.items():
@@ -34,9 +64,30 @@ class MergedLinear(Linear):
             start += size
 
 
+class RowParallelLinear(Linear):
+    """Input features split over the TP ranks (in_features is this rank's share); the partial outputs are summed
+    across the ranks. No bias: it would be added once per rank."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPInfo) -> None:
+        super().__init__(in_features, out_features)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        if self.tp.size > 1:
+            assert ctx is not None, "a row-parallel layer needs the forward context's comm"
+            out = ctx.comm.all_reduce(out)
+        return out
+
+    def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
+        return full.chunk(self.tp.size, dim=1)[self.tp.rank] if self.tp.size > 1 else full
+
+
 def narrowing_weights_column_major(model: nn.Module) -> None:
-    """Restride the weight of every plain Linear whose input is wider than its output (see the module doc)."""
+    """Restride the weight of every unmerged Linear whose input is wider than its output (see the module doc)."""
     with torch.no_grad():
         for module in model.modules():
-            if type(module) is Linear and module.weight.shape[1] > module.weight.shape[0]:
+            if not isinstance(module, Linear) or isinstance(module, MergedLinear):
+                continue
+            if module.weight.shape[1] > module.weight.shape[0]:
                 module.weight.data = module.weight.data.t().contiguous().t()

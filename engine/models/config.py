@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import is_int, is_real
+from ..distributed.info import TPInfo
 from ..errors import ModelLoadError
 
 
@@ -52,6 +53,9 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # The TP rank this config was sharded for (engine/distributed/tp.py): the heads and MLP width above are its share,
+    # and its parallel layers load their slice of each checkpoint tensor.
+    tp: TPInfo = TPInfo()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

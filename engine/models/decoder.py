@@ -14,7 +14,7 @@ from torch import nn
 from ..core import Context
 from ..layers.attention import AttentionLayer
 from ..layers.embedding import Embedding, LMHead
-from ..layers.linear import Linear, MergedLinear
+from ..layers.linear import MergedLinear, RowParallelLinear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryAt, RotaryEmbedding
 from ..moe import BaseMoeBackend
@@ -27,29 +27,29 @@ class SelfAttention(nn.Module):
         q_size = cfg.num_qo_heads * cfg.head_dim
         kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = MergedLinear(
-            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=cfg.attention_bias
+            cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, cfg.tp, bias=cfg.attention_bias
         )
         self.attn = AttentionLayer(layer_id, cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
-        self.o_proj = Linear(q_size, cfg.hidden_size)
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, cfg.tp)
 
     def forward(
         self, hidden: torch.Tensor, rope: RotaryAt, ctx: Context
     ) -> torch.Tensor:
         out = self.attn(self.qkv_proj(hidden), rope, ctx, self.q_norm, self.k_norm)
-        return self.o_proj(out)
+        return self.o_proj(out, ctx)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size})
-        self.down_proj = Linear(size, cfg.hidden_size)
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size}, cfg.tp)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.tp)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.down_proj(ctx.kernels.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(ctx.kernels.silu_and_mul(self.gate_up_proj(x)), ctx)
 
 
 class DecoderLayer(nn.Module):

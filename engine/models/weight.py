@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..errors import ModelLoadError
-from ..layers.linear import MergedLinear
+from ..layers.linear import Linear, MergedLinear
 from ..moe.layer import EXPERT_PROJECTIONS, FusedMoE
 
 # HF projection name → (our merged module, shard name).
@@ -125,13 +124,8 @@ def _read(f: Any, name: str, file: str) -> torch.Tensor:
     return value
 
 
-def load_weights(
-    model: nn.Module,
-    model_path: str | Path,
-    tied_embeddings: bool,
-    shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-) -> None:
-    """shard: maps a checkpoint tensor to this rank's slice of it (tensor parallelism); None keeps it whole."""
+def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool) -> None:
+    """Fill every parameter from the checkpoint; a tensor-parallel layer takes its rank's slice (load_slice)."""
     params = dict(model.named_parameters())
     # param → the shards that still need a value; a whole tensor (shard None) fills every shard at once.
     pending = {pname: _shards(model, pname) for pname in params}
@@ -154,8 +148,6 @@ def load_weights(
                             f"unexpected tensor {name!r} in {file}: the architecture has no such weight"
                         )
                     value = _read(f, name, file)
-                    if shard is not None:
-                        value = shard(name, value)
                     _copy_tensor(model, params[pname], pname, target_shard, name, value)
                     left = pending.get(pname, set())
                     left.discard(target_shard)
@@ -186,6 +178,8 @@ def _copy_tensor(
 ) -> None:
     prefix, leaf = pname.rsplit(".", 1)
     owner = model.get_submodule(prefix)
+    if isinstance(owner, Linear):
+        value = owner.load_slice(leaf, value)
     if shard is None:
         dest = param.data
     elif isinstance(owner, FusedMoE):

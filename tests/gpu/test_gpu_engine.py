@@ -11,7 +11,7 @@ from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
 from engine import Batch, Engine, EngineConfig, ForwardOutput, Req, SamplingParams
 from engine.kvcache import KVCachePool
-from engine.layers.linear import Linear
+from engine.layers.linear import Linear, MergedLinear
 from oracle.drive import hand_passes
 
 pytestmark = needs_cuda
@@ -109,7 +109,7 @@ def test_narrowing_weights_are_column_major_with_bitwise_equal_products(wide_mod
     those of HF's row-major layout bit for bit, so parity with HF is untouched."""
     engine = gpu_engine(wide_models["qwen3"])
     layer = engine.model.model.layers[0]
-    linears = [m for m in engine.model.modules() if type(m) is Linear]
+    linears = [m for m in engine.model.modules() if isinstance(m, Linear) and not isinstance(m, MergedLinear)]
     narrowing = [m for m in linears if m.weight.shape[1] > m.weight.shape[0]]
     assert layer.mlp.down_proj in narrowing  # the tiny model's o_proj is square
     assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in narrowing)
