@@ -189,8 +189,7 @@ class Engine:
             NullComm()
             if tp.size == 1
             else TorchDistComm(
-                tp.rank, tp.size, config.distributed_port, config.distributed_timeout,
-                "nccl" if self.device.is_cuda else "gloo",
+                tp.rank, tp.size, config.distributed_port, config.distributed_timeout, self.device.torch_device
             )
         )
 

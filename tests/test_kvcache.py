@@ -132,7 +132,7 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, port: int, free: list[int], out: mp.Queue[tuple[int, int]]) -> None:
-    comm = TorchDistComm(rank, len(free), port, timeout_s=60, backend="gloo")
+    comm = TorchDistComm(rank, len(free), port, timeout_s=60, device=torch.device("cpu"))
     local = plan_num_pages(free[rank], GiB, GiB // 8, memory_ratio=0.5)
     out.put((rank, comm.min_int(local)))
     comm.destroy()

@@ -26,20 +26,22 @@ class NullComm:
 
 
 class TorchDistComm:
-    """torch.distributed over gloo (CPU) or NCCL (CUDA); the process group is owned and destroyed here."""
+    """torch.distributed over gloo (CPU) or NCCL (CUDA, one GPU per rank: the engine's device); the process group
+    is owned and destroyed here."""
 
-    def __init__(self, rank: int, size: int, port: int, timeout_s: float, backend: str) -> None:
+    def __init__(self, rank: int, size: int, port: int, timeout_s: float, device: torch.device) -> None:
         from datetime import timedelta
 
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds a rank to the current device: this rank's, not cuda:0
         dist.init_process_group(
-            backend,
+            "nccl" if device.type == "cuda" else "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=size,
             timeout=timedelta(seconds=timeout_s),
         )
-        # NCCL reduces device tensors only; gloo host tensors.
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = device  # NCCL reduces device tensors only; gloo host tensors
 
     def min_int(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
