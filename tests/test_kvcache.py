@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from engine.distributed import TorchDistComm
 from engine.driver import PageLayout, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 from engine.layers.kernels import TORCH_KERNELS
+from oracle.ranks import run_ranks
 
 SENTINEL = 12345.0
 
@@ -125,12 +125,6 @@ def test_plan_rejects_fewer_than_two_pages() -> None:
         plan_num_pages(GiB, 2 * GiB, 1024, 0.9)  # the model alone does not fit
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank_main(rank: int, port: int, free: list[int], out: mp.Queue[tuple[int, int]]) -> None:
     comm = TorchDistComm(rank, len(free), port, timeout_s=60, device=torch.device("cpu"))
     local = plan_num_pages(free[rank], GiB, GiB // 8, memory_ratio=0.5)
@@ -140,15 +134,7 @@ def _rank_main(rank: int, port: int, free: list[int], out: mp.Queue[tuple[int, i
 
 def test_tp_ranks_agree_on_the_minimum_plan() -> None:
     free = [16 * GiB, 10 * GiB]  # rank 1 has less free memory: both ranks must use its plan
-    ctx = mp.get_context("spawn")
-    queue: mp.Queue[tuple[int, int]] = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, free, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    results = run_ranks(_rank_main, 2, free, timeout_s=120)
     expected = (int(0.5 * 10 * GiB) - GiB) // (GiB // 8)
     assert results == {0: expected, 1: expected}
 

@@ -3,7 +3,6 @@ same logits (within fp32 reassociation of the row-parallel sums) and the same gr
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from engine import ConfigError, Engine, EngineConfig, SamplingParams, TPInfo
 from engine.distributed.tp import shard_config
 from engine.driver import StaticDriver
 from engine.models import get_model_class, load_weights
+from oracle.ranks import run_ranks
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8], [1, 6, 1, 8, 0, 3, 3, 9, 8, 8, 7]]
 PARAMS = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -37,18 +37,12 @@ def _qkv_rows(engine: Engine) -> int:
     return engine.model.get_parameter("model.layers.0.self_attn.qkv_proj.weight").shape[0]
 
 
-def _rank_main(rank: int, model: str, port: int, out: mp.Queue) -> None:
+def _rank_main(rank: int, port: int, model: str, out: mp.Queue) -> None:
     engine = Engine(_config(Path(model), TPInfo(rank, 2), port), sampler_seed=0)
     shapes = (engine.kv_cache.num_kv_heads, _qkv_rows(engine))
     # Logits as lists: a tensor would travel as a file descriptor that dies with this process (a flaky receive).
-    out.put((rank, shapes, [(tokens, logits.tolist()) for tokens, logits in _generate(engine)]))
+    out.put((rank, (shapes, [(tokens, logits.tolist()) for tokens, logits in _generate(engine)])))
     engine.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -59,19 +53,7 @@ def test_two_ranks_match_one(arch: str, tiny_models: dict[str, Path]) -> None:
     full_qkv = _qkv_rows(single)
     single.shutdown()
 
-    ctx = mp.get_context("spawn")
-    queue: mp.Queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, str(model), port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in procs:
-        rank, shapes, gens = queue.get(timeout=180)
-        results[rank] = (shapes, gens)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results = run_ranks(_rank_main, 2, str(model))
     for rank, ((kv_heads, qkv_rows), gens) in results.items():
         assert kv_heads == 1 and qkv_rows == full_qkv // 2, f"rank {rank} does not hold half the heads"
         for (tokens, logits), (want_tokens, want_logits) in zip(gens, expected):

@@ -4,7 +4,6 @@ near-tie rule and logits within its bf16 bound. Skipped without two GPUs (issue 
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,25 +13,20 @@ from gpu_support import TOL, generate, gpu_engine, random_prompt
 
 from engine import TPInfo
 from oracle.checks import compare_greedy
+from oracle.ranks import run_ranks
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 PROMPTS = [random_prompt(seed, length, 512) for seed, length in ((1, 9), (2, 17), (3, 33))]
 MAX_TOKENS = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank_main(rank: int, model: str, port: int, out: mp.Queue) -> None:
+def _rank_main(rank: int, port: int, model: str, out: mp.Queue) -> None:
     engine = gpu_engine(Path(model), device="auto", tp_info=TPInfo(rank, 2), distributed_port=port)
     graphs = engine.graph_runner.enabled
     gens = generate(engine, PROMPTS, MAX_TOKENS)
     # Lists, not tensors: a tensor would travel as a handle that dies with this process.
-    out.put((rank, str(engine.device.torch_device), graphs,
-             [(g.output_ids, torch.stack(g.logits).tolist()) for g in gens]))
+    out.put((rank, (str(engine.device.torch_device), graphs,
+                    [(g.output_ids, torch.stack(g.logits).tolist()) for g in gens])))
     engine.shutdown()
 
 
@@ -43,17 +37,7 @@ def test_two_gpus_generate_what_one_does(wide_models: dict[str, Path], arch: str
     expected = generate(single, PROMPTS, MAX_TOKENS)
     graphs = single.graph_runner.enabled
     single.shutdown()
-    ctx = mp.get_context("spawn")
-    queue: mp.Queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, str(wide_model), port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [queue.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    for rank, device, rank_graphs, gens in results:
+    for rank, (device, rank_graphs, gens) in run_ranks(_rank_main, 2, str(wide_model), timeout_s=300).items():
         assert device == f"cuda:{rank}" and rank_graphs == graphs
         for (tokens, logits), want in zip(gens, expected):
             rows = list(torch.tensor(logits))
