@@ -383,7 +383,7 @@ class StaticDriver:
     def _launch(self) -> _Launch | None:
         """Build and start the next pass on the device without waiting for it; None when nothing can run. If
         the pass cannot start, the requests are left as they were."""
-        targets = self._prefill_targets_saving()
+        targets = self._next_pass()
         if targets is None:
             return None
         seqs, saved, phase = targets
@@ -401,9 +401,10 @@ class StaticDriver:
             _restore(saved)
             raise
 
-    def _prefill_targets_saving(self) -> tuple[list[RequestState], list[_Saved], str] | None:
-        """The next pass's requests and phase, with their lengths set and what they were saved; a request whose
-        tokens are all sampled (waiting for the host) is left out."""
+    def _next_pass(self) -> tuple[list[RequestState], list[_Saved], str] | None:
+        """The next pass: its requests (prefill targets with their new device_len), what every running request was
+        before (for _restore) and the phase; None when nothing can run. A request whose tokens are all sampled,
+        waiting for the host, is left out."""
         saved = [(seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in self.running.values()]
         targets = self._prefill_targets()
         if targets:
