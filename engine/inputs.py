@@ -1,5 +1,6 @@
 """A batch's device inputs: the new tokens' ids, their positions and the KV slots they write, built from validated
-requests in one host-to-device upload, with the slot checks (engine/validate.py) launched on the same tensors.
+requests in one host-to-device upload, with the slot checks (LayerKernels.slot_check; engine/validate.py states
+them) launched on the same tensors.
 
 Host tensors are built with a fixed number of ops whatever the batch size, and nothing waits for the device: the
 slot verdict is read with the step's tokens (Engine.forward_batch).
@@ -29,7 +30,6 @@ class BatchInputs:
     rows: torch.Tensor  # int64 [requests], device: each request's page-table row
     table_rows: torch.Tensor  # int64 [requests], device: the rows to read (the dummy row's if flags say so)
     flags: torch.Tensor  # bool [1], device: the slot verdict (True: refused), read with the step's tokens
-    others: list[int]  # live page-table rows outside the batch, whose cached KV the batch may not overwrite
 
 
 def build_inputs(
@@ -91,4 +91,4 @@ def build_inputs(
     out_loc, refused = kernels.slot_check(page_table, query, limits)
     out_loc = torch.where(refused, limits.num_slots, out_loc)  # slot num_slots: the dummy page's first
     table_rows = torch.where(refused, limits.max_rows, rows_d)  # row max_rows: the dummy row
-    return BatchInputs(ids_d, positions_d, out_loc, rows_d, table_rows, refused.view(1), others)
+    return BatchInputs(ids_d, positions_d, out_loc, rows_d, table_rows, refused.view(1))
