@@ -462,9 +462,7 @@ class StaticDriver:
                     self._admit_what_fits(pending, uids)
                 nxt = self._launch()
                 if inflight is not None and nxt is not None and inflight.out.failed:
-                    nxt.out.undo()  # last in, first out: the failed pass is undone after the one built on it
-                    _restore(nxt.saved)
-                    nxt = None
+                    nxt = self._withdraw(nxt)
                 landing, inflight = inflight, None
                 if landing is not None:
                     self._land_or_retire(landing)
@@ -472,6 +470,14 @@ class StaticDriver:
         finally:
             if inflight is not None:  # an exception (or interrupt) between launch and land: keep its tokens
                 self._land_or_retire(inflight)
+
+    @staticmethod
+    def _withdraw(launch: _Launch) -> _Launch | None:
+        """Undo a pass started on top of one that failed: last in, first out, so the failed pass is undone after
+        the one built on it. Returns None: nothing is in flight any more."""
+        launch.out.undo()
+        _restore(launch.saved)
+        return None
 
     def run(self) -> None:
         with self._exclusive("run"):

@@ -55,6 +55,7 @@ _GPU_SAMPLING = "properties/test_gpu_sampler_distribution.py"
 _FUZZ = "properties/test_fuzz_invalid.py"
 _BAD_INPUT = "tests/test_bad_input.py"
 _BAD_DRIVER = "tests/test_bad_driver.py"
+_OVERLAP = "tests/test_overlap.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -379,6 +380,28 @@ MUTANTS: dict[str, Mutant] = {
             (_FUZZ, f"{_BAD_DRIVER}::test_a_second_driver_is_refused_while_the_first_runs",
              f"{_BAD_DRIVER}::test_a_newer_driver_retires_an_idle_one"),
             (_FUZZ,),
+        ),
+        # ---- the overlapped driver (issue #13) ----
+        Mutant(
+            "overrun_token_kept",
+            "a request that hits EOS while the next pass is already in flight keeps that pass's token: its output "
+            "runs one token past the EOS",
+            "sgl-project/sglang-omni#1607 (with async decode a request finishing at step N is already inside the "
+            "launched step N+1, the lookahead overrun, whose row must be dropped), vllm-project/vllm#45357 (step "
+            "N+1 in flight still writes a finished request's KV blocks)",
+            c.overrun_token_kept,
+            (f"{_OVERLAP}::test_a_request_ending_on_eos_rides_one_pass_more_and_returns_everything",),
+            (f"{_OVERLAP}::test_a_request_ending_on_eos_rides_one_pass_more_and_returns_everything",),
+        ),
+        Mutant(
+            "failed_pass_successor_kept",
+            "when a pass fails (a row with nothing to sample) while the next one is in flight, that next pass is "
+            "not undone: it lands on requests and random streams that were put back underneath it",
+            "vllm-project/vllm#19330 (KV load failure recovery: requests rolled back to the last valid state with "
+            "the discarded outputs realigned; the generator rollback left for later)",
+            c.failed_pass_successor_kept,
+            (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
+            (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
         ),
     )
 }

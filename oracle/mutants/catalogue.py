@@ -48,6 +48,7 @@ _ORIGINAL_STEP_SEED = sample.step_seed
 _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
+_ORIGINAL_LAND = StaticDriver._land
 _ORIGINAL_BUILD_INPUTS = engine_module.build_inputs
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 
@@ -569,3 +570,31 @@ def generate_admits_eagerly() -> contextlib.AbstractContextManager[None]:
 
 def second_driver_allowed() -> contextlib.AbstractContextManager[None]:
     return _swap(StaticDriver, "__init__", _driver_init_without_owner_check)
+
+
+# ---- the overlapped driver (issue #13) ---------------------------------------------------------------------------
+
+
+def _land_keeping_the_overrun(self: StaticDriver, launch: Any) -> dict[int, int]:
+    """A request that finished (EOS) while the next pass was in flight keeps that pass's token: its output runs one
+    token past the EOS."""
+    overrun = [i for i, (seq, partial) in enumerate(zip(launch.seqs, launch.partial)) if seq.finished and not partial]
+    produced = _ORIGINAL_LAND(self, launch)
+    tokens = launch.out.result().tolist()
+    for i in overrun:
+        launch.seqs[i].output_ids.append(tokens[i])
+    return produced
+
+
+def _withdraw_nothing(launch: Any) -> Any:
+    """The pass started on top of a failed one is left in flight: it lands later, built on requests and random
+    streams that were put back underneath it."""
+    return launch
+
+
+def overrun_token_kept() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "_land", _land_keeping_the_overrun)
+
+
+def failed_pass_successor_kept() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "_withdraw", staticmethod(_withdraw_nothing))
