@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -111,8 +112,10 @@ def build_engine(
     page_size: int = 1,
     cuda_graph_bs: list[int] | None = None,
     max_seq_len: int | None = None,
+    **overrides: Any,
 ) -> Engine:
-    """An engine whose KV pool holds kv_tokens tokens (None: the engine's own memory planning)."""
+    """An engine whose KV pool holds kv_tokens tokens (None: the engine's own memory planning); overrides are
+    further EngineConfig fields (e.g. attention_backend)."""
     pages = None if kv_tokens is None else -(-kv_tokens // page_size) + max_running_req
     config = EngineConfig(
         str(choice.path),
@@ -125,6 +128,7 @@ def build_engine(
         cuda_graph_bs=cuda_graph_bs,
         cuda_graph_max_bs=max(cuda_graph_bs) if cuda_graph_bs else None,
         max_seq_len_override=max_seq_len,
+        **overrides,
     )
     return Engine(config, sampler_seed=0)
 

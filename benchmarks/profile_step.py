@@ -2,6 +2,7 @@
 (optionally) a torch.profiler trace.
 
     python -m benchmarks.profile_step [--device cuda] [--batch-sizes 1,64] [--context 512] [--steps 100] [--trace DIR]
+                                      [--set attention_backend=triton ...]
 
 Each batch size runs `--steps` decode steps of the static driver on the benchmark model (the Qwen3-0.6B shape on
 GPU, SmolLM2-135M on CPU) after a warm-up. Phase times are host wall time spent inside each part, per step; parts
@@ -140,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="model dir (default: the benchmark model of the device)")
     parser.add_argument("--trace", type=Path, help="also write a torch.profiler trace of 5 steps per batch size here")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EngineConfig string field for the engine, e.g. attention_backend=triton (repeatable)")
     args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
     device = torch.device(args.device)
     choice = model_for(device, args.model)
     max_bs, max_len = max(args.batch_sizes), args.context + 2 * args.steps + 26
@@ -151,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_tokens=max_bs * max_len,
         cuda_graph_bs=sorted(args.batch_sizes) if device.type == "cuda" else None,
         max_seq_len=max_len,
+        **overrides,
     )
     try:
         results = [profile_batch(engine, bs, args.context, args.steps, args.trace) for bs in args.batch_sizes]
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "device": device.type,
         "model": choice.label,
+        "engine_overrides": overrides,
         "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.profile_step", *(argv or sys.argv[1:])]),
         "machine_info": machine_info(),
     }

@@ -30,8 +30,7 @@ from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, default_graph_bs
 from .inputs import BatchInputs, build_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS
-from .layers.linear import narrowing_weights_column_major
+from .layers.kernels import LAYER_KERNELS, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
@@ -45,7 +44,7 @@ class _Choices:
 
     attention: str
     moe: Any  # the MoE backend instance
-    kernels: str
+    kernels: LayerKernels
     sampler: str
 
 
@@ -178,7 +177,7 @@ class Engine:
         return _Choices(
             attention=ATTENTION_BACKENDS.resolve(config.attention_backend, where),
             moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
-            kernels=LAYER_KERNELS.resolve(config.layer_kernels, where),
+            kernels=LAYER_KERNELS.factory(LAYER_KERNELS.resolve(config.layer_kernels, where))(),
             sampler=SAMPLERS.resolve(config.sampler_backend, where),
         )
 
@@ -219,7 +218,7 @@ class Engine:
         else:
             load_weights(model, config.model_path, model_config.tie_word_embeddings)
         if self.device.is_cuda:
-            narrowing_weights_column_major(model)
+            choices.kernels.arrange_weights(model)
         model.init_rotary(self.max_seq_len, self.device.torch_device)
         self.model = model.eval()
         # On CUDA what the model took is measured, as the seed plans it (the allocator's rounding and the rotary
@@ -270,7 +269,7 @@ class Engine:
             self.device.torch_device,
         )
         self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend,
-                           kernels=LAYER_KERNELS.factory(choices.kernels)(), comm=self.comm)
+                           kernels=choices.kernels, comm=self.comm)
 
     def _init_graphs(self, choices: _Choices) -> None:
         """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""

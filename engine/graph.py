@@ -33,8 +33,9 @@ def default_graph_bs(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    # The Batch fields a replay copies into static buffers of the same name. A field missing here would make
-    # every replay reuse whatever the buffer last held (tests/gpu proves the mutant is caught).
+    # The Batch fields a replay copies into static buffers of the same name (plus the backend's graph_inputs). A
+    # field missing here would make every replay reuse whatever the buffer last held (tests/gpu proves the mutant
+    # is caught).
     static_inputs: tuple[str, ...] = ("input_ids", "positions", "out_loc")
 
     def __init__(self, dummy_req: Req, bs_list: list[int], enabled: bool) -> None:
@@ -77,6 +78,7 @@ class GraphRunner:
             "input_ids": torch.zeros(self.max_bs, dtype=torch.int32, device=device),
             "positions": torch.zeros(self.max_bs, dtype=torch.int64, device=device),
             "out_loc": torch.full((self.max_bs,), dummy_slot, dtype=torch.int32, device=device),
+            "table_rows": torch.full((self.max_bs,), self.dummy_req.table_idx, dtype=torch.int64, device=device),
         }
         backend.init_capture_graph(max_seq_len, self.bs_list)
         self._backend = backend
@@ -85,9 +87,8 @@ class GraphRunner:
         with torch.cuda.stream(stream):
             for bs in reversed(self.bs_list):
                 batch = Batch([self.dummy_req] * bs, "decode")
-                for name in self.static_inputs:
+                for name in self.static_inputs + ("table_rows",):
                     setattr(batch, name, self.buffers[name][:bs])
-                batch.table_rows = torch.full((bs,), self.dummy_req.table_idx, dtype=torch.int64, device=device)
                 backend.prepare_for_capture(batch)
                 with ctx.forward_batch(batch):
                     model(batch.input_ids, batch.positions, ctx)  # warm-up: lazy inits must not land in the graph
@@ -105,7 +106,7 @@ class GraphRunner:
         graph = self.graphs.get(bs)
         if graph is None or self._backend is None:
             raise RuntimeError(f"no CUDA graph was captured for batch size {bs}")
-        for name in self.static_inputs:
+        for name in self.static_inputs + self._backend.graph_inputs:
             self.buffers[name][:bs].copy_(getattr(batch, name))
         self._backend.prepare_for_replay(batch)
         graph.replay()

@@ -53,6 +53,10 @@ class CountingKernels(TorchKernels):
         self.calls["silu_and_mul"] += 1
         return super().silu_and_mul(*args, **kwargs)
 
+    def linear(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls["linear"] += 1
+        return super().linear(*args, **kwargs)
+
     def store_kv(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.calls["store_kv"] += 1
         return super().store_kv(*args, **kwargs)
@@ -84,12 +88,14 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     layers = engine.model_config.num_layers
     steps = 3  # one prefill, two decodes
     # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP, one KV store; plus the final
-    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels; one slot check per step.
+    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels; four projections (qkv,
+    # o, gate_up, down: SiLU-and-mul runs inside the gated down_proj); one slot check per step.
     assert counting.calls == {
         "slot_check": steps,
         "rms_norm": steps * (4 * layers + 1),
         "norm_rope": steps * 2 * layers,
         "silu_and_mul": steps * layers,
+        "linear": steps * 4 * layers,
         "store_kv": steps * layers,
     }
     assert again == reference == untouched

@@ -14,6 +14,8 @@ from ..registry import Registry, Where
 from .base import BaseAttnBackend, BaseAttnMetadata
 from .flashinfer_backend import FlashInferAttnBackend, unsupported_reason
 from .torch_backend import TorchAttnBackend
+from .triton_backend import TritonAttnBackend
+from .triton_backend import unsupported_reason as triton_unsupported_reason
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
@@ -21,6 +23,9 @@ ATTENTION_BACKENDS: Registry[BackendFactory] = Registry("attention_backend", pre
 ATTENTION_BACKENDS.register("torch", lambda kv, table, heads, device: TorchAttnBackend(kv, table, heads))
 ATTENTION_BACKENDS.register(
     "flashinfer", FlashInferAttnBackend, lambda w: unsupported_reason(w.device, w.dtype, w.head_dim)
+)
+ATTENTION_BACKENDS.register(
+    "triton", TritonAttnBackend, lambda w: triton_unsupported_reason(w.device, w.dtype, w.head_dim)
 )
 
 
@@ -37,6 +42,7 @@ __all__ = [
     "BaseAttnMetadata",
     "FlashInferAttnBackend",
     "TorchAttnBackend",
+    "TritonAttnBackend",
     "Where",
     "create_backend",
 ]

@@ -24,6 +24,9 @@ class BaseAttnMetadata(ABC):
 class BaseAttnBackend(ABC):
     name: str
     supports_cuda_graph = False  # True where the graph hooks below are implemented
+    # Batch fields the backend reads inside a captured graph; the graph runner copies them into static buffers at
+    # each replay, besides the model's input_ids, positions and out_loc.
+    graph_inputs: tuple[str, ...] = ()
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:

@@ -3,7 +3,8 @@ KV store) behind one interface, LayerKernels, picked by name like the attention 
 the same way: the Engine puts its instance in the Context (``ctx.kernels``), which every forward pass gets.
 
 TorchKernels ('torch') runs HF's own op sequence: the reference, on any device, and exact to HF on CPU.
-TritonKernels ('triton', CUDA) fuses each sequence into one launch that keeps HF's rounding steps. Unfused, a
+TritonKernels ('triton', CUDA) fuses each sequence into one launch that keeps HF's rounding steps, and runs the
+projections of small batches as its own GEMV (SiLU-and-mul fused into down_proj's). Unfused, a
 decode step is ~60 small kernels per layer; inside a CUDA graph their latencies still add up to most of a
 small-batch step (3.9 ms of device time for the Qwen3-0.6B shape at bs 1 on an H200, where the weights take
 ~0.3 ms to read).
@@ -18,10 +19,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from ..registry import Registry
 from ..validate import Limits, SlotQuery, slot_check
 from .activation import silu_and_mul
+from .linear import narrowing_weights_column_major
 
 if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
     from .rotary import RotaryAt
@@ -75,6 +79,17 @@ class LayerKernels(ABC):
     ) -> None:
         """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
 
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        """F.linear(x, weight, bias); gated: x is a merged [gate | up] projection and the input is SiLU(gate) * up."""
+        return F.linear(self.silu_and_mul(x) if gated else x, weight, bias)
+
+    def arrange_weights(self, model: nn.Module) -> None:
+        """Lay the loaded weights out for these kernels' matrix products (CUDA only): cuBLAS's batch-1 GEMV is
+        faster on column-major narrowing weights (engine/layers/linear.py)."""
+        narrowing_weights_column_major(model)
+
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +133,8 @@ TORCH_KERNELS = TorchKernels()  # stateless, so every engine that picks 'torch' 
 
 
 class TritonKernels(LayerKernels):
-    """Fused Triton launches (see triton_kernels.py); a KV store the kernel cannot serve falls back to torch."""
+    """Fused Triton launches (see triton_kernels.py); a KV store or product the kernels cannot serve falls back to
+    torch."""
 
     name = "triton"
     fuses_residual = True
@@ -150,6 +166,17 @@ class TritonKernels(LayerKernels):
             self._k.store_kv(k_slots, v_slots, k, v, loc)
         else:
             TORCH_KERNELS.store_kv(k_slots, v_slots, k, v, loc)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        if self._k.gemv_fits(x, weight):
+            return self._k.gemv(x, weight, bias, gated)
+        return super().linear(x, weight, bias, gated)
+
+    def arrange_weights(self, model: nn.Module) -> None:
+        """Row-major stays: the small-batch GEMV reads whole rows, and at larger batches cuBLAS is as fast either
+        way (RESULTS.md)."""
 
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits

@@ -5,9 +5,10 @@ weight filled projection by projection), a RowParallelLinear 1/size of the input
 row-parallel output is a partial sum, which it all-reduces across the ranks through the forward context's comm. At
 load time each layer cuts its rank's slice out of a full checkpoint tensor (load_slice).
 
-On CUDA a Linear that narrows (input wider than output: o_proj, down_proj) keeps its weight column-major, as a
-transposed view of a contiguous [in, out] tensor; the math is the same, and cuBLAS's batch-1 GEMV for the
-Qwen3-0.6B o_proj takes 5.0 µs that way against 11.7 µs row-major, with bitwise equal results (RESULTS.md).
+The product runs on the forward context's layer kernels (ctx.kernels.linear). With the torch kernels on CUDA a
+Linear that narrows (input wider than output: o_proj, down_proj) keeps its weight column-major, as a transposed view
+of a contiguous [in, out] tensor (narrowing_weights_column_major); the math is the same, and cuBLAS's batch-1 GEMV
+for the Qwen3-0.6B o_proj takes 5.0 µs that way against 11.7 µs row-major, with bitwise equal results (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.info import TPInfo
@@ -32,8 +32,8 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return ctx.kernels.linear(x, self.weight, self.bias)
 
     def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of the checkpoint tensor for parameter `leaf` (weight or bias)."""
@@ -72,12 +72,10 @@ class RowParallelLinear(Linear):
         super().__init__(in_features, out_features)
         self.tp = tp
 
-    def forward(self, x: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
-        out = F.linear(x, self.weight)
-        if self.tp.size > 1:
-            assert ctx is not None, "a row-parallel layer needs the forward context's comm"
-            out = ctx.comm.all_reduce(out)
-        return out
+    def forward(self, x: torch.Tensor, ctx: Context, gated: bool = False) -> torch.Tensor:
+        """gated: x is a merged [gate | up] projection, and the layer's input is SiLU(gate) * up."""
+        out = ctx.kernels.linear(x, self.weight, gated=gated)
+        return ctx.comm.all_reduce(out) if self.tp.size > 1 else out
 
     def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
         return full.chunk(self.tp.size, dim=1)[self.tp.rank] if self.tp.size > 1 else full

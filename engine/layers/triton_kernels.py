@@ -268,3 +268,66 @@ def slot_check(
         page_table, stride, rows, cached, lens, hits, flag, num_slots, BLOCK=SLOT_BLOCK
     )
     return out_loc, flag[0] > 0
+
+
+# ---- small-batch matrix products: one program per BLOCK_N output features, the whole K in-program -----------------
+GEMV_MAX_ROWS = 8  # beyond this cuBLAS's GEMM kernels win (benchmarks/RESULTS.md)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om, K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) in float32, rounded once. GATED: x rows are a merged
+    [gate | up] of width 2K and the input is SiLU(gate) * up, rounded as _silu_and_mul_kernel rounds it."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_ok = rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        x_mask = (rm[:, None] < M) & k_ok[None, :]
+        x_at = x_ptr + rm[:, None] * stride_xm + rk[None, :]
+        x = tl.load(x_at, mask=x_mask, other=0.0)
+        if GATED:
+            up = tl.load(x_at + K, mask=x_mask, other=0.0)
+            g = x.to(tl.float32)
+            x = _round(_round(g / (1.0 + tl.exp(-g)), up.dtype) * up.to(tl.float32), up.dtype)
+        else:
+            x = x.to(tl.float32)
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    out = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    mask = (rm[:, None] < M) & n_ok[None, :]
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether gemv serves this product: a few rows, row-major weights of the input's dtype."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return 0 < rows <= GEMV_MAX_ROWS and weight.stride(-1) == 1 and weight.dtype == x.dtype and x.dtype in (
+        torch.bfloat16, torch.float16)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+    """F.linear(x, weight, bias), or F.linear(SiLU(gate) * up, weight) of a merged x when gated, for the few rows
+    gemv_fits accepts."""
+    rows = _rows(x)
+    m = rows.shape[0]
+    n, k = weight.shape
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_m = triton.next_power_of_2(m)
+    # ~2 programs per SM of an H200 for the decoder's projections; a 4096-value tile stays in registers.
+    block_n = max(1, min(16, triton.next_power_of_2(max(1, n // 256))))
+    block_k = min(triton.next_power_of_2(k), max(16, 4096 // (block_m * block_n)))
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        rows, weight, weight if bias is None else bias, out, m, n, rows.stride(0), weight.stride(0),
+        out.stride(0), K=k, HAS_BIAS=bias is not None, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=4,
+    )
+    return out.view(*x.shape[:-1], n)

@@ -37,7 +37,7 @@ class SelfAttention(nn.Module):
     def forward(
         self, hidden: torch.Tensor, rope: RotaryAt, ctx: Context
     ) -> torch.Tensor:
-        out = self.attn(self.qkv_proj(hidden), rope, ctx, self.q_norm, self.k_norm)
+        out = self.attn(self.qkv_proj(hidden, ctx), rope, ctx, self.q_norm, self.k_norm)
         return self.o_proj(out, ctx)
 
 
@@ -49,7 +49,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.tp)
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.down_proj(ctx.kernels.silu_and_mul(self.gate_up_proj(x)), ctx)
+        return self.down_proj(self.gate_up_proj(x, ctx), ctx, gated=True)
 
 
 class DecoderLayer(nn.Module):

@@ -29,8 +29,8 @@ class SparseMoeBlock(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
-        # ctx only for MLP's signature: the experts run on the model's MoE backend, not on ctx.kernels.
-        return self.experts(hidden, self.gate(hidden))
+        # The router runs on ctx.kernels; the experts on the model's MoE backend.
+        return self.experts(hidden, self.gate(hidden, ctx))
 
 
 @register_model("Qwen3MoeForCausalLM")

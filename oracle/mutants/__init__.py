@@ -348,6 +348,29 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE,),
             device="cuda",
         ),
+        Mutant(
+            "triton_decode_rows_stale",
+            "the Triton decode backend's graph replays do not copy the batch's page-table rows into the graph's "
+            "static buffer: every replayed decode step reads the rows captured (the dummy row's), not the batch's "
+            "(bites targets with attention=triton and graphs on)",
+            "device-side attention metadata left out of the graph's inputs (sglang's and vllm's graph runners "
+            "refresh block tables and sequence lengths in place before each replay)",
+            c.triton_decode_rows_stale,
+            (_DECODE, _GREEDY),
+            (_DECODE,),
+            device="cuda",
+        ),
+        Mutant(
+            "gemv_gate_unactivated",
+            "the small-batch GEMV's gated form (down_proj of decode steps of up to 8 rows) multiplies by up alone, "
+            "skipping SiLU(gate); larger batches, on cuBLAS, are right (bites targets with kernels=triton)",
+            "fused activation-in-GEMM epilogue/prologue bugs (vllm-project/vllm and sgl-project/sglang fixed fused "
+            "SiLU-and-mul kernels that dropped or misapplied the gate)",
+            c.gemv_gate_unactivated,
+            (_DECODE, _GREEDY),
+            (_DECODE,),
+            device="cuda",
+        ),
         # ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ----
         Mutant(
             "live_rows_unchecked",

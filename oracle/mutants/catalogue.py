@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import types
 import weakref
 from collections import deque
@@ -25,6 +26,7 @@ import engine.engine as engine_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
+from engine.attention.triton_backend import TritonAttnBackend
 from engine.core import Batch, Context, Phase, Req, SamplingParams
 from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
@@ -516,6 +518,26 @@ def flashinfer_last_page_len_modulo() -> contextlib.AbstractContextManager[None]
 
 def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
     return _swap(GraphRunner, "static_inputs", ("input_ids", "out_loc"))
+
+
+def triton_decode_rows_stale() -> contextlib.AbstractContextManager[None]:
+    return _swap(TritonAttnBackend, "graph_inputs", ())
+
+
+@contextlib.contextmanager
+def gemv_gate_unactivated() -> Iterator[None]:
+    """The small-batch GEMV's gated form (down_proj of a decode step of up to 8 rows) multiplies by up alone,
+    without SiLU(gate); the cuBLAS path of larger batches is right."""
+    kernels = importlib.import_module("engine.layers.triton_kernels")  # imports triton: CUDA machines only
+    original = kernels.gemv
+
+    def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+        if gated:
+            return original(x[..., x.shape[-1] // 2 :], weight, bias, False)
+        return original(x, weight, bias, gated)
+
+    with _swap(kernels, "gemv", gemv):
+        yield
 
 
 

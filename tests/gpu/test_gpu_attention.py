@@ -1,4 +1,5 @@
-"""FlashInfer attention against the torch backend and against HF in float64, for page sizes 1, 4 and 16.
+"""FlashInfer attention and the Triton decode backend against the torch backend and against HF in float64, for page
+sizes 1, 4 and 16.
 
 Tolerance: the harness's bf16 bound, max |Δlogit| <= 0.06 * max(1, max |reference logit|) (oracle/tolerance.py).
 Against the torch backend both sides are bf16, so the bound covers two roundings of the same math; the measured
@@ -48,30 +49,33 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [random_prompt(100 + i, n, vocab) for i, n in enumerate(PROMPT_LENS)]
 
 
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_flashinfer_matches_torch_backend(
-    wide_model: Path, page_size: int, record_property: pytest.RecordProperty
+def test_backend_matches_torch_backend(
+    wide_model: Path, backend: str, page_size: int, record_property: pytest.RecordProperty
 ) -> None:
     layout = PageLayout("shuffled", seed=page_size)
     runs = {}
-    for backend in ("flashinfer", "torch"):
-        engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, cuda_graph_bs=[], **LONG)
-        assert engine.attn_backend.name == backend
-        runs[backend] = generate(engine, _prompts(engine.model_config.vocab_size), 12, layout, CHUNKS)
+    for name in (backend, "torch"):
+        engine = gpu_engine(wide_model, attention_backend=name, page_size=page_size, cuda_graph_bs=[], **LONG)
+        assert engine.attn_backend.name == name
+        runs[name] = generate(engine, _prompts(engine.model_config.vocab_size), 12, layout, CHUNKS)
         engine.shutdown()
-    worst = assert_runs_match(runs["flashinfer"], runs["torch"], f"{wide_model.name} page_size={page_size}")
-    record_property(f"max_logit_diff_flashinfer_vs_torch_{wide_model.name}_ps{page_size}", round(worst, 5))
+    worst = assert_runs_match(runs[backend], runs["torch"], f"{backend} {wide_model.name} page_size={page_size}")
+    record_property(f"max_logit_diff_{backend}_vs_torch_{wide_model.name}_ps{page_size}", round(worst, 5))
 
 
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("kind", ["shuffled", "interleaved"])
-def test_flashinfer_page_sweep_matches_hf64(
-    wide_model: Path, page_size: int, kind: str, record_property: pytest.RecordProperty
+def test_page_sweep_matches_hf64(
+    wide_model: Path, backend: str, page_size: int, kind: str, record_property: pytest.RecordProperty
 ) -> None:
-    """The default engine (FlashInfer with CUDA graphs) on scattered pages, checked token by token against HF."""
-    engine = gpu_engine(wide_model, page_size=page_size, **LONG)
-    assert engine.attn_backend.name == "flashinfer" and engine.graph_runner.enabled
+    """The engine with CUDA graphs on scattered pages, checked token by token against HF."""
+    engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, **LONG)
+    assert engine.attn_backend.name == backend and engine.graph_runner.enabled
     gens = generate(engine, _prompts(engine.model_config.vocab_size), 10, PageLayout(kind, seed=7), CHUNKS)
     engine.shutdown()
-    worst = max(max(check_against_hf64(wide_model, g, f"{wide_model.name} {kind} page_size={page_size}")) for g in gens)
-    record_property(f"max_logit_err_vs_hf64_{wide_model.name}_{kind}_ps{page_size}", round(worst, 5))
+    what = f"{backend} {wide_model.name} {kind} page_size={page_size}"
+    worst = max(max(check_against_hf64(wide_model, g, what)) for g in gens)
+    record_property(f"max_logit_err_vs_hf64_{backend}_{wide_model.name}_{kind}_ps{page_size}", round(worst, 5))

@@ -101,6 +101,42 @@ def test_silu_and_mul(triton_kernels: LayerKernels) -> None:
     _close_to_last_bit(triton_kernels.silu_and_mul(x), TORCH_KERNELS.silu_and_mul(x))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize(("out_features", "in_features"), [(4096, 1024), (1024, 2048), (1024, 3072), (50, 24)])
+@pytest.mark.parametrize("form", ["plain", "bias", "gated"])
+def test_gemv_is_within_a_rounding_of_the_exact_product(
+    triton_kernels: LayerKernels, rows: int, out_features: int, in_features: int, form: str
+) -> None:
+    """The small-batch GEMV accumulates in float32 and rounds once, as cuBLAS does: each output lies within half a
+    bf16 ulp (plus float32 summation error) of the exact product of the rounded inputs, and the gated form takes
+    SiLU-and-mul's own rounding steps (compared with the torch reference's bf16 input)."""
+    g = _gen(rows * out_features + in_features)
+    gated = form == "gated"
+    x = torch.randn(rows, in_features * (2 if gated else 1), device="cuda", generator=g).bfloat16()
+    w = (torch.randn(out_features, in_features, device="cuda", generator=g) / in_features**0.5).bfloat16()
+    bias = torch.randn(out_features, device="cuda", generator=g).bfloat16() if form == "bias" else None
+    from engine.layers import triton_kernels as tk
+
+    assert tk.gemv_fits(x, w)
+    got = triton_kernels.linear(x, w, bias, gated)
+    inputs = TORCH_KERNELS.silu_and_mul(x) if gated else x
+    exact = inputs.double() @ w.double().T + (0 if bias is None else bias.double())
+    gap = (got.double() - exact).abs()
+    bound = BF16_ULP / 2 * exact.abs() + 1e-5 * (inputs.double().abs() @ w.double().abs().T)
+    assert got.dtype == torch.bfloat16 and bool((gap <= bound + 1e-30).all()), f"max gap {gap.max().item()}"
+
+
+def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_kernels: LayerKernels) -> None:
+    from engine.layers import triton_kernels as tk
+
+    w = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    assert tk.gemv_fits(torch.ones(tk.GEMV_MAX_ROWS, 32, device="cuda", dtype=torch.bfloat16), w)
+    assert not tk.gemv_fits(torch.ones(tk.GEMV_MAX_ROWS + 1, 32, device="cuda", dtype=torch.bfloat16), w)
+    assert not tk.gemv_fits(torch.ones(1, 32, device="cuda", dtype=torch.bfloat16), w.t().contiguous().t())
+    x = torch.randn(tk.GEMV_MAX_ROWS + 1, 32, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(triton_kernels.linear(x, w), torch.nn.functional.linear(x, w))
+
+
 def test_store_kv_writes_the_same_slots(triton_kernels: LayerKernels) -> None:
     slots, tokens, heads, head_dim = 64, 9, 8, 128
     kv = torch.randn(tokens, 3 * heads * head_dim, device="cuda", generator=_gen(12)).bfloat16()

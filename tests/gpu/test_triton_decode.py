@@ -1,0 +1,164 @@
+"""The Triton paged decode kernel (engine/attention/triton_decode.py) against a float64 torch reference.
+
+Each case reads K/V through a token-granular page table (a random permutation of slots, or contiguous pages of
+16 in random order) with table rows out of order, q strided in the batch dim, and per-request lengths that leave
+some splits empty. Slot 0 and every slot no request owns hold NaN, and table entries past a request's length
+point at slot 0, so a read outside a request's tokens shows as NaN. fp32 is checked to 1e-5; bf16 to the
+rounding of the exact value to bf16 (half an ulp, at most 2**-8 of the magnitude; a whole ulp in the interpreter,
+which truncates) plus 1e-5 for the float32 arithmetic before it.
+
+On CUDA by default; TRITON_DECODE_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from engine.attention.triton_decode import block_n, choose_splits, paged_decode  # noqa: E402
+
+DEVICE = os.environ.get("TRITON_DECODE_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered in log"),  # the interpreter's log(0) of empty splits
+]
+PAGE = 16
+# Rounding to bfloat16 is off by at most half an ulp, 2**-8 of the magnitude; the interpreter truncates instead
+# (a whole ulp).
+BF16_ROUNDING = 2.0**-7 if os.environ.get("TRITON_INTERPRET") == "1" else 2.0**-8
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _case(
+    seed: int, dtype: torch.dtype, group: int, num_kv_heads: int, head_dim: int, lens: list[int], layout: str
+) -> dict:
+    """Inputs on DEVICE: q strided in the batch dim, k/v views of one [slots, 2, Hkv, D] buffer, a page table
+    with a spare row whose rows are used in reverse, and NaN wherever no request's tokens are."""
+    gen = _gen(seed)
+    bs, width = len(lens), max(lens) + 5
+    total = sum(_pages(n) * PAGE for n in lens)
+    num_slots = 1 + total + 7
+    kv = torch.full((num_slots, 2, num_kv_heads, head_dim), float("nan"))
+    table = torch.zeros(bs + 1, width, dtype=torch.int32)
+    rows = torch.arange(bs, 0, -1)
+    if layout == "permuted":
+        free = 1 + torch.randperm(num_slots - 1, generator=gen)
+        owned = [free[sum(lens[:i]) : sum(lens[: i + 1])] for i in range(bs)]
+    else:
+        pages = torch.randperm(total // PAGE, generator=gen)
+        firsts = [sum(_pages(n) for n in lens[:i]) for i in range(bs)]
+        owned = [1 + (pages[f + torch.arange(n) // PAGE] * PAGE + torch.arange(n) % PAGE) for f, n in zip(firsts, lens)]
+    for row, slots in zip(rows.tolist(), owned):
+        table[row, : len(slots)] = slots.int()
+        kv[slots] = torch.randn(len(slots), 2, num_kv_heads, head_dim, generator=gen)
+    q = torch.randn(2 * bs, group * num_kv_heads, head_dim, generator=gen)[::2]
+    kv = kv.to(dtype).to(DEVICE)
+    return {
+        "q": q.to(dtype).to(DEVICE),
+        "k_slots": kv[:, 0],
+        "v_slots": kv[:, 1],
+        "page_table": table.to(DEVICE),
+        "table_rows": rows.to(DEVICE),
+        "seq_lens": torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+        "scale": head_dim**-0.5,
+    }
+
+
+def _pages(n: int) -> int:
+    return -(-n // PAGE)
+
+
+def _reference(
+    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, page_table: torch.Tensor,
+    table_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    group = q.shape[1] // k_slots.shape[1]
+    outs = []
+    for i, (row, n) in enumerate(zip(table_rows.tolist(), seq_lens.tolist())):
+        slots = page_table[row, :n].long()
+        k = k_slots[slots].double().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = v_slots[slots].double().repeat_interleave(group, dim=1)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), k) * scale, dim=-1)
+        outs.append(torch.einsum("hn,nhd->hd", p, v))
+    return torch.stack(outs)
+
+
+def _check(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert got.dtype == dtype and got.is_contiguous() and got.shape == ref.shape
+    err = (got.double() - ref).abs()
+    bound = 1e-5 + (BF16_ROUNDING * ref.abs() if dtype == torch.bfloat16 else 0.0)
+    assert not err.isnan().any(), "NaN in the output"
+    assert bool((err <= bound).all()), f"max error {err.max().item():.3g}, {int((err > bound).sum())} over the bound"
+
+
+# (group, kv heads, head_dim, layout, num_splits, lengths): lengths of 1, shorter than num_splits * BLOCK_N (some
+# splits empty), not a multiple of BLOCK_N, and long.
+CASES = [
+    (1, 2, 16, "permuted", 1, [1]),
+    (1, 2, 64, "paged", 3, [300, 1, 37, 129, 64]),
+    (2, 2, 128, "permuted", 8, [450, 1, 100, 17, 700]),
+    (2, 1, 16, "paged", 1, [513]),
+    (3, 2, 64, "permuted", 1, [5, 700, 1, 64, 200]),
+    (3, 1, 128, "paged", 8, [1]),
+    (3, 2, 16, "paged", 3, [33, 610, 2, 1, 95]),
+    (4, 2, 128, "permuted", 3, [320]),
+    (4, 2, 64, "paged", 8, [1, 77, 400, 16, 650]),
+    (4, 1, 16, "permuted", 8, [200, 3, 31, 500, 9]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("group", "num_kv_heads", "head_dim", "layout", "num_splits", "lens"), CASES)
+def test_matches_float64_reference(
+    dtype: torch.dtype, group: int, num_kv_heads: int, head_dim: int, layout: str, num_splits: int, lens: list[int]
+) -> None:
+    inputs = _case(len(lens) * 1000 + group * 100 + head_dim, dtype, group, num_kv_heads, head_dim, lens, layout)
+    got = paged_decode(**inputs, num_splits=num_splits)
+    _check(got, _reference(**inputs), dtype)
+
+
+def test_int64_lengths_and_short_splits() -> None:
+    """int64 seq_lens, and lengths under one BLOCK_N with many splits: every split but the first is empty."""
+    inputs = _case(7, torch.float32, 2, 2, 64, [1, 2, 15], "permuted")
+    inputs["seq_lens"] = inputs["seq_lens"].long()
+    assert max(inputs["seq_lens"].tolist()) < block_n(2, 64)
+    _check(paged_decode(**inputs, num_splits=16), _reference(**inputs), torch.float32)
+
+
+def test_choose_splits() -> None:
+    assert choose_splits(1, 8, 8192) == 16  # 264 programs wanted, capped at 16 splits
+    assert choose_splits(4, 2, 300) == 4  # no split under 64 tokens
+    assert choose_splits(8, 8, 4096) == 5  # ceil(264 / 64)
+    assert choose_splits(64, 8, 4096) == 1  # bs * Hkv alone fills the GPU
+    assert choose_splits(1, 1, 10) == 1
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need CUDA")
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_cuda_graph_replay_follows_device_lengths_and_rows(num_splits: int) -> None:
+    inputs = _case(11, torch.bfloat16, 3, 2, 64, [40, 300, 1, 150], "paged")
+    static = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        paged_decode(**static, num_splits=num_splits)  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_decode(**static, num_splits=num_splits)
+    graph.replay()
+    _check(out, _reference(**static), torch.bfloat16)
+
+    # Swap requests 0 and 1 (rows and lengths) and shorten two: the captured launch must read the new values.
+    static["table_rows"].copy_(inputs["table_rows"][[1, 0, 2, 3]])
+    static["seq_lens"].copy_(torch.tensor([300, 7, 1, 150], dtype=torch.int32, device=DEVICE))
+    graph.replay()
+    _check(out, _reference(**static), torch.bfloat16)
