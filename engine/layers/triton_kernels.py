@@ -271,7 +271,7 @@ def slot_check(
 
 
 # ---- small-batch matrix products: one program per BLOCK_N output features, the whole K in-program -----------------
-GEMV_MAX_ROWS = 8  # beyond this cuBLAS's GEMM kernels win (benchmarks/RESULTS.md)
+GEMV_MAX_ROWS = 8
 
 
 @triton.jit
@@ -308,10 +308,17 @@ def _gemv_kernel(
 
 
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemv serves this product: a few rows, row-major weights of the input's dtype."""
+    """Whether gemv serves this product (row-major weights of the input's dtype): every single-row product, and
+    narrowing ones (o_proj, down_proj) up to GEMV_MAX_ROWS rows; elsewhere cuBLAS is as fast or faster
+    (RESULTS.md, H200)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return 0 < rows <= GEMV_MAX_ROWS and weight.stride(-1) == 1 and weight.dtype == x.dtype and x.dtype in (
-        torch.bfloat16, torch.float16)
+    n, k = weight.shape
+    return (
+        (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n)
+        and weight.stride(-1) == 1
+        and weight.dtype == x.dtype
+        and x.dtype in (torch.bfloat16, torch.float16)
+    )
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
@@ -322,12 +329,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
-    # ~2 programs per SM of an H200 for the decoder's projections; a 4096-value tile stays in registers.
-    block_n = max(1, min(16, triton.next_power_of_2(max(1, n // 256))))
-    block_k = min(triton.next_power_of_2(k), max(16, 4096 // (block_m * block_n)))
+    # Measured best on an H200 for the Qwen3-0.6B projections (RESULTS.md): 4 rows a program, long K chunks.
+    block_n = max(1, min(4, triton.next_power_of_2(max(1, n // 256))))
+    block_k = min(triton.next_power_of_2(k), 2048 if k % 2048 == 0 else 1024, 8192 // (block_m * block_n))
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         rows, weight, weight if bias is None else bias, out, m, n, rows.stride(0), weight.stride(0),
         out.stride(0), K=k, HAS_BIAS=bias is not None, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4,
+        BLOCK_K=block_k, num_warps=2 if k <= 1024 and m == 1 else 4,
     )
     return out.view(*x.shape[:-1], n)

@@ -101,8 +101,13 @@ def test_silu_and_mul(triton_kernels: LayerKernels) -> None:
     _close_to_last_bit(triton_kernels.silu_and_mul(x), TORCH_KERNELS.silu_and_mul(x))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize(("out_features", "in_features"), [(4096, 1024), (1024, 2048), (1024, 3072), (50, 24)])
+# Every shape at one row; the narrowing ones (o_proj, down_proj) also at several.
+GEMV_CASES = [(1, n, k) for n, k in ((4096, 1024), (1024, 2048), (1024, 3072), (50, 24))] + [
+    (rows, n, k) for rows in (3, 8) for n, k in ((1024, 2048), (1024, 3072), (24, 50))
+]
+
+
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), GEMV_CASES)
 @pytest.mark.parametrize("form", ["plain", "bias", "gated"])
 def test_gemv_is_within_a_rounding_of_the_exact_product(
     triton_kernels: LayerKernels, rows: int, out_features: int, in_features: int, form: str
@@ -129,12 +134,18 @@ def test_gemv_is_within_a_rounding_of_the_exact_product(
 def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_kernels: LayerKernels) -> None:
     from engine.layers import triton_kernels as tk
 
-    w = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
-    assert tk.gemv_fits(torch.ones(tk.GEMV_MAX_ROWS, 32, device="cuda", dtype=torch.bfloat16), w)
-    assert not tk.gemv_fits(torch.ones(tk.GEMV_MAX_ROWS + 1, 32, device="cuda", dtype=torch.bfloat16), w)
-    assert not tk.gemv_fits(torch.ones(1, 32, device="cuda", dtype=torch.bfloat16), w.t().contiguous().t())
-    x = torch.randn(tk.GEMV_MAX_ROWS + 1, 32, device="cuda", dtype=torch.bfloat16)
-    assert torch.equal(triton_kernels.linear(x, w), torch.nn.functional.linear(x, w))
+    narrowing = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    widening = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+
+    def x(rows: int, width: int) -> torch.Tensor:
+        return torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+
+    assert tk.gemv_fits(x(1, 32), widening) and not tk.gemv_fits(x(2, 32), widening)
+    assert tk.gemv_fits(x(tk.GEMV_MAX_ROWS, 64), narrowing)
+    assert not tk.gemv_fits(x(tk.GEMV_MAX_ROWS + 1, 64), narrowing)
+    assert not tk.gemv_fits(x(1, 64), narrowing.t().contiguous().t())
+    for inputs, w in ((x(tk.GEMV_MAX_ROWS + 1, 64), narrowing), (x(2, 32), widening)):
+        assert torch.equal(triton_kernels.linear(inputs, w), torch.nn.functional.linear(inputs, w))
 
 
 def test_store_kv_writes_the_same_slots(triton_kernels: LayerKernels) -> None:
