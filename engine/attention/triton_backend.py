@@ -24,7 +24,7 @@ from .base import BaseAttnBackend, BaseAttnMetadata
 from .torch_backend import TorchAttnBackend
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DECODE_MAX_BS = 4  # past this FlashInfer's decode is faster than the plan it costs the host (RESULTS.md)
+DECODE_MAX_BS = 1  # already at bs 4 FlashInfer's graphs step faster, plan and all (RESULTS.md, H200)
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
