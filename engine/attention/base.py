@@ -13,6 +13,13 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..core import Batch, Context
+from ..errors import ConfigError
+
+
+def require_supported(name: str, reason: str | None) -> None:
+    """Raise ConfigError naming backend `name` when `reason` says why it cannot serve this engine."""
+    if reason is not None:
+        raise ConfigError(f"attention_backend={name!r} cannot be used: {reason}")
 
 
 class BaseAttnMetadata(ABC):

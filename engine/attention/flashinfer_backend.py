@@ -26,9 +26,8 @@ import torch
 
 from ..core import Batch, Context, Req
 from ..device import flashinfer_installed, upload
-from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import BaseAttnBackend, BaseAttnMetadata, require_supported
 
 # FlashInfer's attention kernels are compiled for these head dims (its prefill tiles need head_dim >= 64).
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -115,9 +114,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def __init__(
         self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
     ) -> None:
-        reason = unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim)
-        if reason is not None:
-            raise ConfigError(f"attention_backend='flashinfer' cannot be used: {reason}")
+        require_supported(self.name, unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim))
         import flashinfer
 
         self._fi = flashinfer

@@ -18,9 +18,8 @@ import torch
 
 from ..core import Batch, Context
 from ..device import flashinfer_installed
-from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import BaseAttnBackend, BaseAttnMetadata, require_supported
 from .torch_backend import TorchAttnBackend
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -58,9 +57,7 @@ class TritonAttnBackend(BaseAttnBackend):
     def __init__(
         self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
     ) -> None:
-        reason = unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim)
-        if reason is not None:
-            raise ConfigError(f"attention_backend='triton' cannot be used: {reason}")
+        require_supported(self.name, unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim))
         from . import triton_decode
 
         self._kernels = triton_decode

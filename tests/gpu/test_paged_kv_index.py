@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from engine import ConfigError, Engine, EngineConfig, Req, SamplingParams
 from engine.attention import ATTENTION_BACKENDS, Where
 from engine.attention.flashinfer_backend import build_paged_kv_index, kv_page_ids, unsupported_reason
+from engine.attention.triton_backend import unsupported_reason as triton_unsupported_reason
 from engine.sample import Sampler
 
 
@@ -83,3 +84,12 @@ def test_engine_refuses_flashinfer_on_cpu_and_keeps_graphs_off(tiny_models: dict
     assert engine.attn_backend.name == "torch"
     assert not engine.graph_runner.enabled and engine.graph_runner.graphs == {}
     engine.shutdown()
+
+
+def test_triton_attention_is_refused_clearly_where_it_cannot_run(tiny_models: dict[str, object]) -> None:
+    cuda = torch.device("cuda")
+    assert "CUDA device" in (triton_unsupported_reason(torch.device("cpu"), torch.bfloat16, 64) or "")
+    assert "head_dim" in (triton_unsupported_reason(cuda, torch.bfloat16, 96) or "")
+    assert "float16" in (triton_unsupported_reason(cuda, torch.float64, 64) or "")
+    with pytest.raises(ConfigError, match="attention_backend='triton' cannot be used: it needs a CUDA device"):
+        Engine(EngineConfig(str(tiny_models["llama"]), device="cpu", attention_backend="triton", num_page_override=8))
