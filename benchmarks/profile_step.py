@@ -144,19 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="an EngineConfig string field for the engine, e.g. attention_backend=triton (repeatable)")
     args = parser.parse_args(argv)
+    bad = [item for item in args.set if "=" not in item]
+    if bad:
+        parser.error(f"--set {bad[0]!r}: give FIELD=VALUE")
     overrides = dict(item.split("=", 1) for item in args.set)
     device = torch.device(args.device)
     choice = model_for(device, args.model)
     max_bs, max_len = max(args.batch_sizes), args.context + 2 * args.steps + 26
-    engine = build_engine(
-        choice,
-        device,
-        max_running_req=max_bs,
-        kv_tokens=max_bs * max_len,
-        cuda_graph_bs=sorted(args.batch_sizes) if device.type == "cuda" else None,
-        max_seq_len=max_len,
-        **overrides,
-    )
+    try:
+        engine = build_engine(
+            choice,
+            device,
+            max_running_req=max_bs,
+            kv_tokens=max_bs * max_len,
+            cuda_graph_bs=sorted(args.batch_sizes) if device.type == "cuda" else None,
+            max_seq_len=max_len,
+            **overrides,
+        )
+    except TypeError as exc:  # a --set field this command sets itself, or one EngineConfig does not have
+        parser.error(f"--set: {exc}")
     try:
         results = [profile_batch(engine, bs, args.context, args.steps, args.trace) for bs in args.batch_sizes]
     finally:

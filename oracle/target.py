@@ -21,6 +21,7 @@ import torch
 
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, EngineConfig, Where
 from engine.config import DTYPES
+from engine.registry import Registry
 from engine.sample import Sampler
 
 from .tolerance import LOGIT_TOLERANCES, LogitTolerance, logit_tolerance
@@ -77,6 +78,17 @@ class Target:
                 if reason is not None:
                     out.append(f"{key}={name}: {reason}")
         return out
+
+    def resolved(self, field: str) -> object:
+        """The field's value on this machine: attention, kernels and sampler as the registry resolves them ("auto"
+        names what an engine would pick), the other fields as given."""
+        registries: dict[str, Registry[Any]] = {
+            "attention": ATTENTION_BACKENDS, "kernels": LAYER_KERNELS, "sampler": SAMPLERS,
+        }
+        value = getattr(self, field)
+        if field in registries and value == "auto":
+            return registries[field].resolve("auto", Where(self.torch_device, self.torch_dtype, self.head_dim))
+        return value
 
     def require(self) -> Target:
         """self, or TargetError naming every reason it cannot run here."""

@@ -29,6 +29,7 @@ from engine.sample import Sampler
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.plugin import MUTANT_ENV
 from oracle.mutants.runner import REPO_ROOT, Job, run_one
+from oracle.target import parse
 
 # Everything a mutant may patch: a class dict or a module dict.
 PATCHED: tuple[type | ModuleType, ...] = (
@@ -73,6 +74,18 @@ def test_the_catalogue_has_25_or_more_mutants_with_existing_targets() -> None:
         assert mutant.bug and mutant.seen and mutant.targets and mutant.fast, name
         for target in (*mutant.targets, *mutant.fast):
             assert (REPO_ROOT / target.split("::")[0]).is_file(), f"{name}: {target} does not exist"
+
+
+def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> None:
+    """A mutant of one backend's code (or of graph replays) survives on a target that never runs it; the kill table
+    leaves it out there instead of reporting it alive."""
+    flashinfer = mutants_for("cuda", parse("cuda-bf16"))
+    triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
+    assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_rows_stale" not in flashinfer
+    assert "triton_decode_rows_stale" in triton and "flashinfer_last_page_len_modulo" not in triton
+    assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == []
+    assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
+    assert mutants_for("cpu", parse("cpu-fp32")) == mutants_for("cpu")
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

@@ -31,8 +31,8 @@ class BaseAttnMetadata(ABC):
 class BaseAttnBackend(ABC):
     name: str
     supports_cuda_graph = False  # True where the graph hooks below are implemented
-    # Batch fields the backend reads inside a captured graph; the graph runner copies them into static buffers at
-    # each replay, besides the model's input_ids, positions and out_loc.
+    # Batch fields the backend reads inside a captured graph, besides the model's input_ids, positions and out_loc;
+    # the graph runner copies them into its static buffers at each replay. It has one more: table_rows.
     graph_inputs: tuple[str, ...] = ()
 
     @abstractmethod

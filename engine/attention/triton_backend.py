@@ -1,8 +1,8 @@
 """Triton decode attention on CUDA for small decode batches: it reads the page table and the sequence lengths on the
-device (engine/attention/triton_decode.py), so there is no metadata for the host to build and a captured graph
-replays with no plan in between. Everything else (prefill, extend, decode batches over DECODE_MAX_BS padded rows,
-where FlashInfer's kernels read KV several times faster) runs on the paged backend: FlashInfer where it is
-installed, else the torch backend (which then leaves every decode batch to Triton, since it has no graphs).
+device (engine/attention/triton_decode.py), so the host builds no page metadata and a captured graph replays with
+no plan in between. Everything else (prefill, extend, decode batches over DECODE_MAX_BS padded rows, where
+FlashInfer's graphs step faster, plan and all) runs on the paged backend: FlashInfer where it serves the
+configuration, else the torch backend (which then leaves every decode batch to Triton, since it has no graphs).
 
 A decode request's length is its position + 1 (one new token, already stored), computed inside the pass from the
 batch's positions; its KV is read through ctx.batch.table_rows, which the graph runner copies into a static buffer
@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from ..core import Batch, Context
-from ..device import flashinfer_installed
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata, require_supported
+from .flashinfer_backend import FlashInferAttnBackend
+from .flashinfer_backend import unsupported_reason as flashinfer_unsupported_reason
 from .torch_backend import TorchAttnBackend
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -42,7 +43,7 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) 
 @dataclass
 class TritonDecodeMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor  # arange(padded_size): one token per request
-    num_splits: int  # split-KV chunks per request, fixed per graph size
+    num_splits: int  # split-KV chunks per request: per graph size, or per eager batch from its longest request
     seq_lens: torch.Tensor | None = None  # positions + 1, computed by each pass's first layer
 
     def get_last_indices(self) -> torch.Tensor:
@@ -65,19 +66,18 @@ class TritonAttnBackend(BaseAttnBackend):
         self.page_table = page_table
         self.scale = kv_cache.head_dim**-0.5
         self.paged: BaseAttnBackend
-        if flashinfer_installed() and kv_cache.buffer.dtype != torch.float32:
-            from .flashinfer_backend import FlashInferAttnBackend
-
+        if flashinfer_unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim) is None:
             self.paged = FlashInferAttnBackend(kv_cache, page_table, num_qo_heads, device)
             self.decode_max_bs = DECODE_MAX_BS
         else:
             self.paged = TorchAttnBackend(kv_cache, page_table, num_qo_heads)
             self.decode_max_bs = page_table.shape[0]
         self._arange = torch.arange(page_table.shape[0], dtype=torch.int64, device=device)
+        self._num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self._max_seq_len = page_table.shape[1]
 
     def _splits(self, bs: int, max_len: int) -> int:
-        return int(self._kernels.choose_splits(bs, self.kv_cache.num_kv_heads, max_len))
+        return int(self._kernels.choose_splits(bs, self.kv_cache.num_kv_heads, max_len, self._num_sms))
 
     def _serves(self, batch: Batch) -> bool:
         """Whether the Triton kernel runs this batch (else the paged backend does)."""

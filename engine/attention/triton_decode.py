@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-NUM_SMS = 132  # H200
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 64
 TILE_VALUES = 8192  # fp32 values of one [group, tokens, head_dim] product tile
@@ -102,10 +101,10 @@ def _num_warps(tile: int, head_dim: int) -> int:
     return 2 if head_dim >= 128 else 4
 
 
-def choose_splits(bs: int, num_kv_heads: int, max_len: int) -> int:
-    """Splits per request so that bs * num_kv_heads * splits is about 2 programs per SM, each split at least
-    MIN_SPLIT_TOKENS of max_len; 1 once bs * num_kv_heads alone gives 2 per SM."""
-    wanted = triton.cdiv(2 * NUM_SMS, bs * num_kv_heads)
+def choose_splits(bs: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
+    """Splits per request so that bs * num_kv_heads * splits is about 2 programs per SM (of num_sms), each split at
+    least MIN_SPLIT_TOKENS of max_len; 1 once bs * num_kv_heads alone gives 2 per SM."""
+    wanted = triton.cdiv(2 * num_sms, bs * num_kv_heads)
     return max(1, min(MAX_SPLITS, wanted, max_len // MIN_SPLIT_TOKENS))
 
 

@@ -170,13 +170,15 @@ class TritonKernels(LayerKernels):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
-        if self._k.gemv_fits(x, weight):
+        if self._k.gemv_fits(x, weight, gated):
             return self._k.gemv(x, weight, bias, gated)
         return super().linear(x, weight, bias, gated)
 
     def arrange_weights(self, model: nn.Module) -> None:
-        """Row-major stays: the small-batch GEMV reads whole rows, and at larger batches cuBLAS is as fast either
-        way (RESULTS.md)."""
+        """Row-major stays where the small-batch GEMV serves the dtype (it reads whole rows, and at larger batches
+        cuBLAS is as fast either way, RESULTS.md); other dtypes keep cuBLAS's layout."""
+        if next(model.parameters()).dtype not in self._k.GEMV_DTYPES:
+            super().arrange_weights(model)
 
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits

@@ -272,6 +272,7 @@ def slot_check(
 
 # ---- small-batch matrix products: one program per BLOCK_N output features, the whole K in-program -----------------
 GEMV_MAX_ROWS = 8
+GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -307,17 +308,19 @@ def _gemv_kernel(
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemv_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemv serves this product (row-major weights of the input's dtype): every single-row product, and
-    narrowing ones (o_proj, down_proj) up to GEMV_MAX_ROWS rows; elsewhere cuBLAS is as fast or faster
-    (RESULTS.md, H200)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+    """Whether gemv serves this product (row-major weights of the input's dtype, int32 offsets): every single-row
+    product, and narrowing ones (o_proj, down_proj) up to GEMV_MAX_ROWS rows; elsewhere cuBLAS is as fast or
+    faster (RESULTS.md, H200)."""
     n, k = weight.shape
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
         (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n)
+        and x.shape[-1] == (2 * k if gated else k)
         and weight.stride(-1) == 1
+        and weight.numel() < 2**31
         and weight.dtype == x.dtype
-        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.dtype in GEMV_DTYPES
     )
 
 

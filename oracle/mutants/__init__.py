@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..target import Target
 from . import catalogue as c
 
 
@@ -30,6 +31,9 @@ class Mutant:
     # The device whose code path carries the bug: a kill table runs the mutants of its target's device only
     # (a FlashInfer or CUDA-graph mutant is invisible on CPU, a torch-backend one on the GPU path).
     device: str = "cpu"
+    # Target fields the buggy path needs, as (field, value) (e.g. ("attention", "triton")): a target that picks
+    # another backend, or runs without graphs, never takes it.
+    needs: tuple[tuple[str, object], ...] = ()
 
 
 _SAMPLING = "properties/test_sampling_distribution.py"
@@ -267,6 +271,7 @@ MUTANTS: dict[str, Mutant] = {
             (_STEP_OUTPUTS,),
             (_STEP_OUTPUTS,),
             device="cuda",
+            needs=(("graphs", True),),
         ),
         # ---- sampler: ties and filter order (issue #11, classes 1, 3 and 6, and HF's tie rules) ----
         Mutant(
@@ -324,6 +329,7 @@ MUTANTS: dict[str, Mutant] = {
             (_GPU_SAMPLING,),
             (f"{_GPU_SAMPLING}::test_flashinfer_follows_top_k_first_where_joint_differs",),
             device="cuda",
+            needs=(("sampler", "flashinfer"),),
         ),
         # ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----
         Mutant(
@@ -336,6 +342,7 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",
+            needs=(("attention", "flashinfer"),),
         ),
         Mutant(
             "graph_positions_stale",
@@ -347,6 +354,7 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",
+            needs=(("graphs", True),),
         ),
         Mutant(
             "triton_decode_rows_stale",
@@ -359,6 +367,7 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",
+            needs=(("attention", "triton"), ("graphs", True)),
         ),
         Mutant(
             "gemv_gate_unactivated",
@@ -370,6 +379,7 @@ MUTANTS: dict[str, Mutant] = {
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",
+            needs=(("kernels", "triton"),),
         ),
         # ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ----
         Mutant(
@@ -430,9 +440,13 @@ MUTANTS: dict[str, Mutant] = {
 }
 
 
-def mutants_for(device: str) -> list[str]:
-    """The mutants a kill table on a target of this device type runs."""
-    return [name for name, m in MUTANTS.items() if m.device == device]
+def mutants_for(device: str, target: Target | None = None) -> list[str]:
+    """The mutants a kill table on a target of this device type runs (and, given the target, whose needs it
+    meets)."""
+    return [
+        name for name, m in MUTANTS.items()
+        if m.device == device and (target is None or all(target.resolved(f) == v for f, v in m.needs))
+    ]
 
 
 @contextlib.contextmanager

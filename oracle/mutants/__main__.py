@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         console.print(_catalogue_table(args.fast))
         return 0
-    names = args.only or mutants_for(target.torch_device.type)
+    names = args.only or mutants_for(target.torch_device.type, target)
     elsewhere = sorted(set(MUTANTS) - set(names)) if not args.only else []
     if elsewhere:
-        console.print(f"not run on a {target.torch_device.type} target (their bug lives on another device's path): "
-                      + ", ".join(elsewhere), highlight=False)
+        console.print("not run on this target (their bug lives on a path it does not take: another device, "
+                      "backend, or graphs off): " + ", ".join(elsewhere), highlight=False)
     total = len(names) + (0 if args.no_baseline else 1)
     count = 0
 

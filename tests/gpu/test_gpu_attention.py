@@ -79,3 +79,31 @@ def test_page_sweep_matches_hf64(
     what = f"{backend} {wide_model.name} {kind} page_size={page_size}"
     worst = max(max(check_against_hf64(wide_model, g, what)) for g in gens)
     record_property(f"max_logit_err_vs_hf64_{backend}_{wide_model.name}_{kind}_ps{page_size}", round(worst, 5))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_triton_decode_one_request_at_a_time_matches_hf64(
+    wide_model: Path, page_size: int, record_property: pytest.RecordProperty, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request per batch, so every decode step is bs 1, which the triton backend runs on its own kernel (the
+    other tests' batches decode on FlashInfer): eager, counting the kernel's calls, and replayed from its graph;
+    each checked token by token against HF."""
+    from engine.attention import triton_decode
+
+    calls: list[int] = []
+    original = triton_decode.paged_decode
+    monkeypatch.setattr(triton_decode, "paged_decode", lambda *args: calls.append(1) or original(*args))
+    worst = 0.0
+    for graphs in ([], None):
+        engine = gpu_engine(wide_model, attention_backend="triton", page_size=page_size, cuda_graph_bs=graphs, **LONG)
+        prompts = _prompts(engine.model_config.vocab_size)
+        layout = PageLayout("shuffled", seed=page_size)
+        gens = [generate(engine, [p], 6, layout, [chunk])[0] for p, chunk in zip(prompts, CHUNKS)]
+        if graphs == []:
+            assert calls, "the Triton decode kernel never ran"
+        else:
+            assert 1 in engine.graph_runner.graphs and engine.attn_backend.decode_max_bs >= 1
+        engine.shutdown()
+        what = f"triton bs 1 {wide_model.name} page_size={page_size} graphs={graphs != []}"
+        worst = max(worst, *(max(check_against_hf64(wide_model, g, what)) for g in gens))
+    record_property(f"max_logit_err_vs_hf64_triton_bs1_{wide_model.name}_ps{page_size}", round(worst, 5))

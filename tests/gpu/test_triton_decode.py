@@ -134,11 +134,12 @@ def test_int64_lengths_and_short_splits() -> None:
 
 
 def test_choose_splits() -> None:
-    assert choose_splits(1, 8, 8192) == 16  # 264 programs wanted, capped at 16 splits
-    assert choose_splits(4, 2, 300) == 4  # no split under 64 tokens
-    assert choose_splits(8, 8, 4096) == 5  # ceil(264 / 64)
-    assert choose_splits(64, 8, 4096) == 1  # bs * Hkv alone fills the GPU
-    assert choose_splits(1, 1, 10) == 1
+    assert choose_splits(1, 8, 8192, 132) == 16  # 264 programs wanted, capped at 16 splits
+    assert choose_splits(4, 2, 300, 132) == 4  # no split under 64 tokens
+    assert choose_splits(8, 8, 4096, 132) == 5  # ceil(264 / 64)
+    assert choose_splits(8, 8, 4096, 66) == 3  # half the SMs: ceil(132 / 64)
+    assert choose_splits(64, 8, 4096, 132) == 1  # bs * Hkv alone fills the GPU
+    assert choose_splits(1, 1, 10, 132) == 1
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need CUDA")

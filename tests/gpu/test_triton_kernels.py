@@ -102,7 +102,7 @@ def test_silu_and_mul(triton_kernels: LayerKernels) -> None:
 
 
 # Every shape at one row; the narrowing ones (o_proj, down_proj) also at several.
-GEMV_CASES = [(1, n, k) for n, k in ((4096, 1024), (1024, 2048), (1024, 3072), (50, 24))] + [
+GEMV_CASES = [(1, n, k) for n, k in ((4096, 1024), (1024, 2048), (1024, 3072), (50, 24), (64, 2500))] + [
     (rows, n, k) for rows in (3, 8) for n, k in ((1024, 2048), (1024, 3072), (24, 50))
 ]
 
@@ -122,7 +122,7 @@ def test_gemv_is_within_a_rounding_of_the_exact_product(
     bias = torch.randn(out_features, device="cuda", generator=g).bfloat16() if form == "bias" else None
     from engine.layers import triton_kernels as tk
 
-    assert tk.gemv_fits(x, w)
+    assert tk.gemv_fits(x, w, gated)
     got = triton_kernels.linear(x, w, bias, gated)
     inputs = TORCH_KERNELS.silu_and_mul(x) if gated else x
     exact = inputs.double() @ w.double().T + (0 if bias is None else bias.double())
@@ -144,6 +144,12 @@ def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_ke
     assert tk.gemv_fits(x(tk.GEMV_MAX_ROWS, 64), narrowing)
     assert not tk.gemv_fits(x(tk.GEMV_MAX_ROWS + 1, 64), narrowing)
     assert not tk.gemv_fits(x(1, 64), narrowing.t().contiguous().t())
+    assert not tk.gemv_fits(x(1, 63), narrowing) and not tk.gemv_fits(x(1, 64), narrowing, gated=True)
+    assert tk.gemv_fits(x(1, 128), narrowing, gated=True)
+    rows = x(3, 100)[:, 10:74]  # row stride 100, not 64
+    exact = rows.double() @ narrowing.double().T
+    gap = (triton_kernels.linear(rows, narrowing).double() - exact).abs()
+    assert bool((gap <= BF16_ULP / 2 * exact.abs() + 1e-5 * (rows.double().abs() @ narrowing.double().abs().T)).all())
     for inputs, w in ((x(tk.GEMV_MAX_ROWS + 1, 64), narrowing), (x(2, 32), widening)):
         assert torch.equal(triton_kernels.linear(inputs, w), torch.nn.functional.linear(inputs, w))
 
