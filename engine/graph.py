@@ -4,8 +4,8 @@ Capture runs once, at engine init, largest batch size first so the smaller graph
 largest one reserved (all graphs share it). A captured graph reads its inputs from static buffers (token ids,
 positions, KV write slots, and the page-table rows where the backend reads them in the graph) and its attention
 metadata from buffers the backend refills when it plans; a replay copies every input of the batch into those
-buffers first. A batch between two captured sizes is padded up with
-dummy requests, which read and write only the dummy page.
+buffers first. A batch between two captured sizes is padded up with dummy requests, which read and write only the
+dummy page.
 
 On CPU, or with a backend that cannot be captured, the runner is disabled: pad_batch leaves the batch as it
 is and every forward pass runs eagerly.
