@@ -92,12 +92,13 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
     targets = [
         (driver, "_map_pages", "driver: page-table writes"),
         (engine_module, "validate_batch", "prepare: request checks"),
-        (engine_module, "build_inputs", "prepare: inputs + slot checks (device)"),
+        (engine_module, "pack_inputs", "prepare: packed inputs (host)"),
+        (engine_module, "unpack_inputs", "prepare: inputs + slot checks (device, eager passes)"),
         (engine.attn_backend, "prepare_metadata", "prepare: attention metadata"),
         (engine.sampler, "prepare", "prepare: sampling args"),
         (engine, "forward_batch", "forward_batch"),
         (engine_module.ForwardOutput, "wait", "driver: waiting for the tokens"),
-        (engine.graph_runner, "replay", "forward: graph replay incl. plan"),
+        (engine.graph_runner, "replay", "forward: graph replay incl. upload and plan"),
         (engine.attn_backend, "prepare_for_replay", "forward: attention plan"),
         (engine.sampler, "sample_deferred", "forward: sampling"),
     ]

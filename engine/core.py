@@ -16,6 +16,7 @@ from .errors import EngineError, InvalidRequestError
 if TYPE_CHECKING:
     from .attention.base import BaseAttnBackend, BaseAttnMetadata
     from .distributed.comm import Comm
+    from .inputs import InputLayout
     from .kvcache.pool import KVCachePool
     from .layers.kernels import LayerKernels
 
@@ -223,7 +224,8 @@ class Batch:
 
     reqs: list[Req]
     phase: Phase
-    # Shared empty placeholders until prepare_batch sets them (a fresh tensor each costs a torch op per batch).
+    # Shared empty placeholders until prepare_batch sets them (a fresh tensor each costs a torch op per batch); a
+    # captured step sets them to its graph's tensors when it runs, valid until the next replay of its size.
     input_ids: torch.Tensor = _EMPTY_INT32
     positions: torch.Tensor = _EMPTY_INT32
     out_loc: torch.Tensor = _EMPTY_INT32
@@ -234,6 +236,9 @@ class Batch:
     rows: torch.Tensor = _EMPTY_INT32  # int64 [size]: each request's own row (where its sampled token is kept)
     slot_flags: torch.Tensor = _EMPTY_INT32  # bool, device: the slot verdict (any True: the step is refused)
     padded_reqs: list[Req] = field(default_factory=list)
+    # A batch padded to a graph size: its packed inputs (int64, host) and their layout (engine/inputs.py), which the
+    # graph turns into the tensors above itself; None for an eager pass, whose tensors prepare_batch builds.
+    packed_inputs: tuple[torch.Tensor, InputLayout] | None = None
     attn_metadata: BaseAttnMetadata | None = None
     # (cached_len, device_len) of each request when prepare_batch built the batch; forward_batch runs it only
     # while they still hold, so a batch cannot run twice.

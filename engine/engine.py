@@ -7,7 +7,8 @@ Init order: TP info → device/stream/context (attention backend and layer kerne
 check (backend name, memory needed) runs before the first allocation.
 
 forward_batch does not wait for the device: the requests advance at once, and the step's errors come back with
-the host tokens (ForwardOutput.result), which undoes the step before raising.
+the host tokens (ForwardOutput.result), which undoes the step before raising. A decode batch that fits a captured
+size runs as one graph replay (engine/graph.py): prepare_batch only packs its inputs on the host.
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ import torch
 from .attention import ATTENTION_BACKENDS, create_backend
 from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
-from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device
+from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
-from .graph import GraphRunner, default_graph_bs
-from .inputs import BatchInputs, build_inputs
+from .graph import GraphRunner, StepOutputs, default_graph_bs
+from .inputs import BatchInputs, InputLayout, pack_inputs, unpack_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
-from .sample import SAMPLERS, BatchSamplingArgs
+from .sample import SAMPLERS, BatchSamplingArgs, greedy_tokens, no_draws
 from .validate import Limits, check_fresh, check_memory, raise_slot_error, validate_batch
 
 
@@ -57,7 +58,9 @@ class ForwardOutput:
     next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
     copy_done_event: Event
     logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
-    host: torch.Tensor  # int32 [bs + slot flags], pinned on CUDA: the tokens, then the slot verdict
+    # int32 [2 padded + 1], pinned on CUDA: the tokens (padding rows' after the batch's), the slot verdict, and the
+    # rows' last tokens before the step (what undo puts back)
+    host: torch.Tensor
     step: _StepRecord
 
     def wait(self) -> None:
@@ -73,7 +76,7 @@ class ForwardOutput:
         """Put every request of the step, the live rows, the random streams and the rows' device tokens back as
         before forward_batch (once). A driver running a later step undoes that one first."""
         self.wait()
-        self.step.undo()
+        self.step.undo(self.host)
 
     def result(self) -> torch.Tensor:
         """Wait for the host tokens and return them (int32 [bs]); if the step failed, undo it and raise
@@ -99,17 +102,19 @@ class _StepRecord:
     logits: torch.Tensor
     undo_draws: Callable[[], None]
     live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
-    last_tokens_before: torch.Tensor  # int32 [bs], device: the rows' last tokens before the step wrote its own
     undone: bool = False
 
     @property
     def size(self) -> int:
         return self.batch.size
 
-    def failed(self, host: torch.Tensor) -> bool:
-        return bool((host[: self.size] < 0).any()) or bool(host[self.size :].any())
+    def refused(self, host: torch.Tensor) -> bool:
+        return bool(host[(host.numel() - 1) // 2])
 
-    def undo(self) -> None:
+    def failed(self, host: torch.Tensor) -> bool:
+        return bool((host[: self.size] < 0).any()) or self.refused(host)
+
+    def undo(self, host: torch.Tensor) -> None:
         if self.undone:
             return
         self.undone = True
@@ -123,12 +128,16 @@ class _StepRecord:
                 engine.live_rows.pop(row, None)
             else:
                 engine.live_rows[row] = live
+        start = (host.numel() + 1) // 2
+        before = torch.tensor(host[start : start + self.size].tolist(), dtype=torch.int32)
+        rows = torch.tensor([req.table_idx for req in self.batch.reqs])
+        device = engine.device.torch_device
         with engine.device.stream_context():
-            engine.last_tokens.index_copy_(0, self.batch.rows, self.last_tokens_before)
+            engine.last_tokens.index_copy_(0, upload(rows, device), upload(before, device))
         self.undo_draws()
 
     def raise_error(self, host: torch.Tensor) -> None:
-        if host[self.size :].any():
+        if self.refused(host):
             raise_slot_error(self.batch.reqs, self.engine.page_table, self.engine.limits, self.engine.live_rows)
         bad = (host[: self.size] < 0).nonzero().flatten().tolist()
         self.engine.sampler.raise_for_rows(bad, self.args, self.logits)
@@ -246,20 +255,13 @@ class Engine:
 
     def _init_page_table(self) -> None:
         """Token-granular slots, max_running_req + 1 rows: the last is the dummy row, pointing only into the dummy
-        page; and the dummy requests' inputs, sliced to the padding a graph batch needs."""
+        page, which the dummy request (a graph batch's padding) reads and writes."""
         config, device = self.config, self.device.torch_device
         self.dummy_row = config.max_running_req
         self.page_table = torch.zeros(config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=device)
         dummy_slots = self.kv_cache.dummy_page * config.page_size
         self.page_table[self.dummy_row] = dummy_slots + torch.arange(self.max_seq_len) % config.page_size
         self.dummy_req = Req(torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams())
-        pad_max = config.max_running_req
-        self._padding = {
-            "ids": torch.zeros(pad_max, dtype=torch.int32, device=device),
-            "positions": torch.zeros(pad_max, dtype=torch.int64, device=device),
-            "out_loc": torch.full((pad_max,), dummy_slots, dtype=torch.int32, device=device),
-            "rows": torch.full((pad_max,), self.dummy_row, dtype=torch.int64, device=device),
-        }
         # Each row's last sampled token, which the next step reads when the host has not appended it yet.
         self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.int32, device=device)
 
@@ -284,7 +286,10 @@ class Engine:
             and (self.model_config.num_experts == 0 or choices.moe.supports_cuda_graph),
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
-            self.graph_runner.capture(self.model, self.ctx, self.attn_backend, self.device.stream, self.max_seq_len)
+            self.graph_runner.capture(
+                self._graph_step, lambda bs: pack_inputs([], self.limits, {}, True, pad_to=bs), self.attn_backend,
+                self.device.stream, self.max_seq_len, self.device.torch_device,
+            )
 
     def _init_cpu_threads(self) -> None:
         threads = cpu_threads_for(self.tp_info.size) if self.device.torch_device.type == "cpu" else None
@@ -319,41 +324,58 @@ class Engine:
             self.live_rows.pop(row, None)
 
     def prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
-        """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args.
+        """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args. A
+        decode batch that fits a captured graph gets only its packed inputs (the graph builds the rest).
 
         The page table rows of every request must already hold slots for [0, device_len).
         """
         self.check_open()
         with self.exclusive("prepare_batch"):
             validate_batch(reqs, phase, self.limits, self.live_rows)
+            batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
+            self.graph_runner.pad_batch(batch)
+            decode = phase == "decode"
+            if self.graph_runner.can_use_graph(batch):
+                batch.packed_inputs = pack_inputs(reqs, self.limits, self.live_rows, decode, batch.padded_size)
+                with self.device.stream_context():
+                    return batch, self.sampler.prepare(batch)
+            host, layout = pack_inputs(reqs, self.limits, self.live_rows, decode)
             self._wait_for_caller()
             with self.device.stream_context():
-                inputs = build_inputs(
-                    reqs, self.limits, self.page_table, self.live_rows, self.last_tokens, self.ctx.kernels
-                )
-                return self._prepare_batch(reqs, phase, inputs)
+                self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
+                self.attn_backend.prepare_metadata(batch)
+                return batch, self.sampler.prepare(batch)
+
+    def _unpack(self, packed: torch.Tensor, layout: InputLayout) -> BatchInputs:
+        return unpack_inputs(packed, layout, self.page_table, self.last_tokens, self.ctx.kernels, self.limits)
+
+    @staticmethod
+    def _set_inputs(batch: Batch, inputs: BatchInputs) -> None:
+        batch.input_ids, batch.positions, batch.out_loc = inputs.ids, inputs.positions, inputs.out_loc
+        batch.table_rows, batch.rows, batch.slot_flags = inputs.table_rows, inputs.rows, inputs.flags
 
     def _wait_for_caller(self) -> None:
         """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
-    def _prepare_batch(
-        self, reqs: Sequence[Req], phase: Phase, inputs: BatchInputs
-    ) -> tuple[Batch, BatchSamplingArgs]:
-        batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
-        batch.rows, batch.slot_flags = inputs.rows, inputs.flags
-        self.graph_runner.pad_batch(batch)
-        ids, positions, out_loc, table_rows = inputs.ids, inputs.positions, inputs.out_loc, inputs.table_rows
-        pad = batch.padded_size - batch.size
-        if pad:  # dummy requests: token 0 at position 0 of the dummy row, written to the dummy page
-            ids = torch.cat([ids, self._padding["ids"][:pad]])
-            positions = torch.cat([positions, self._padding["positions"][:pad]])
-            out_loc = torch.cat([out_loc, self._padding["out_loc"][:pad]])
-            table_rows = torch.cat([table_rows, self._padding["rows"][:pad]])
-        batch.input_ids, batch.positions, batch.out_loc, batch.table_rows = ids, positions, out_loc, table_rows
-        self.attn_backend.prepare_metadata(batch)
-        return batch, self.sampler.prepare(batch)
+    def _keep_tokens(self, tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        """Store the step's tokens as its rows' last tokens; returns the payload for the host: the tokens, the slot
+        verdict and the rows' last tokens before (ForwardOutput.host). A -1 (nothing to sample) is kept as 0, so it
+        never becomes an input id; that step fails anyway."""
+        before = self.last_tokens.index_select(0, rows)
+        self.last_tokens.index_copy_(0, rows, tokens.clamp(min=0))
+        return torch.cat([tokens, flags.to(torch.int32), before])
+
+    def _graph_step(self, packed: torch.Tensor, layout: InputLayout, batch: Batch) -> StepOutputs:
+        """A whole decode step, as the graph runner captures it: inputs, device metadata, model, greedy tokens."""
+        inputs = self._unpack(packed, layout)
+        self._set_inputs(batch, inputs)
+        self.attn_backend.graph_metadata(batch)
+        with self.ctx.forward_batch(batch):
+            logits = self.model(batch.input_ids, batch.positions, self.ctx)
+        tokens = greedy_tokens(logits)
+        return StepOutputs(logits, tokens, self._keep_tokens(tokens, inputs.rows, inputs.flags), inputs)
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
@@ -364,19 +386,28 @@ class Engine:
     @torch.inference_mode()
     def _forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self._wait_for_caller()
+        n = batch.size
         with self.device.stream_context():
-            with self.ctx.forward_batch(batch):
-                if self.graph_runner.can_use_graph(batch):
-                    logits = self.graph_runner.replay(batch)
-                else:
-                    logits = self.model(batch.input_ids, batch.positions, self.ctx)
-            logits = logits[: batch.size]
-            next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-            last_before = self.last_tokens.index_select(0, batch.rows)
-            # clamp: a -1 (nothing to sample) must not become the next step's input id; that step fails anyway.
-            self.last_tokens.index_copy_(0, batch.rows, next_tokens.clamp(min=0))
-            payload = torch.cat([next_tokens, batch.slot_flags.to(torch.int32)])
-            if self.device.is_cuda:  # one device-to-host copy for the tokens and the slot verdict
+            if batch.packed_inputs is not None and self.graph_runner.has_graph(batch.padded_size):
+                step = self.graph_runner.replay(batch)
+                self._set_inputs(batch, step.inputs)
+                logits = step.logits[:n]
+                if args.all_greedy:
+                    next_tokens, undo_draws, payload = step.tokens[:n], no_draws, step.payload
+                else:  # the graph kept its greedy tokens; the sampled ones replace them
+                    next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
+                    self.last_tokens.index_copy_(0, step.inputs.rows[:n], next_tokens.clamp(min=0))
+                    payload = torch.cat([next_tokens, step.payload[n:]])
+            else:
+                if batch.packed_inputs is not None:  # padded for a size with no graph here: the step runs eagerly
+                    host, layout = batch.packed_inputs
+                    self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
+                    self.attn_backend.prepare_metadata(batch)
+                with self.ctx.forward_batch(batch):
+                    logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n]
+                next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
+                payload = self._keep_tokens(next_tokens, batch.rows[:n], batch.slot_flags)
+            if self.device.is_cuda:  # one device-to-host copy for the tokens, the slot verdict and the undo
                 host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
                 host.copy_(payload, non_blocking=True)
             else:
@@ -388,7 +419,7 @@ class Engine:
             for req in batch.reqs:
                 req.complete_one()
                 self.live_rows[req.table_idx] = (req.cached_len, req.uid)
-        record = _StepRecord(self, batch, args, logits, undo_draws, live_before, last_before)
+        record = _StepRecord(self, batch, args, logits, undo_draws, live_before)
         return ForwardOutput(next_tokens, event, logits, host, record)
 
     def shutdown(self) -> None:

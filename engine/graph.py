@@ -1,27 +1,43 @@
-"""The graph runner: captures decode steps as CUDA graphs and pads batches to a captured size.
+"""The graph runner: captures whole decode steps as CUDA graphs and pads batches to a captured size.
+
+A captured step (the engine's, StepFn) runs from one static int64 buffer, the packed inputs of engine/inputs.py in
+the graph's fixed layout, to the sampled greedy tokens: inputs and slot checks, the backend's device metadata, the
+model, argmax, the rows' last tokens, and the payload the host copies back. A replay copies the batch's packed
+inputs into that buffer, lets the backend do its host part (FlashInfer's plan), and replays: one upload and one
+launch. A batch between two captured sizes is padded up with dummy requests, which read and write only the dummy
+page.
 
 Capture runs once, at engine init, largest batch size first so the smaller graphs fit in the memory pool the
-largest one reserved (all graphs share it). A captured graph reads its inputs from static buffers (token ids,
-positions, KV write slots, and the page-table rows where the backend reads them in the graph) and its attention
-metadata from buffers the backend refills when it plans; a replay copies every input of the batch into those
-buffers first. A batch between two captured sizes is padded up with dummy requests, which read and write only the
-dummy page.
-
-On CPU, or with a backend that cannot be captured, the runner is disabled: pad_batch leaves the batch as it
-is and every forward pass runs eagerly.
+largest one reserved (all graphs share it; each keeps its outputs). On CPU, or with a backend that cannot be
+captured, the runner is disabled: pad_batch leaves the batch as it is and every forward pass runs eagerly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from .attention.base import BaseAttnBackend
-from .core import Batch, Context, Req
+from .core import Batch, Req
+from .inputs import BatchInputs, InputLayout
 
-# (ids, positions, ctx) -> float32 logits [bs, vocab]
-ModelFn = Callable[[torch.Tensor, torch.Tensor, Context], torch.Tensor]
+
+@dataclass
+class StepOutputs:
+    """What a captured step leaves in its static buffers; the next replay of its size overwrites them."""
+
+    logits: torch.Tensor  # float32 [bs, vocab]
+    tokens: torch.Tensor  # int32 [bs]: the greedy tokens (-1: nothing to sample)
+    payload: torch.Tensor  # int32 [2 bs + 1]: the tokens, the slot verdict, the rows' last tokens before the step
+    inputs: BatchInputs
+
+
+# (packed inputs on the device, their layout, the batch whose metadata the backend set) -> the step's outputs
+StepFn = Callable[[torch.Tensor, InputLayout, Batch], StepOutputs]
+# padded size -> the packed inputs of a batch of padding rows only (host) and their layout
+PackFn = Callable[[int], tuple[torch.Tensor, InputLayout]]
 
 
 def default_graph_bs(max_bs: int) -> list[int]:
@@ -34,23 +50,22 @@ def default_graph_bs(max_bs: int) -> list[int]:
 
 
 class GraphRunner:
-    # The Batch fields a replay copies into static buffers of the same name (plus the backend's graph_inputs). A
-    # field missing here would make every replay reuse whatever the buffer last held (tests/gpu proves the mutant
-    # is caught).
-    static_inputs: tuple[str, ...] = ("input_ids", "positions", "out_loc")
-
     def __init__(self, dummy_req: Req, bs_list: list[int], enabled: bool) -> None:
         self.dummy_req = dummy_req
         self.enabled = enabled and bool(bs_list)
         self.bs_list = sorted(set(bs_list)) if self.enabled else []
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.outputs: dict[int, StepOutputs] = {}
+        self.layouts: dict[int, InputLayout] = {}
+        self.inputs: torch.Tensor | None = None  # the static packed inputs, as long as the largest layout
         self._backend: BaseAttnBackend | None = None
 
     @property
     def max_bs(self) -> int:
         return self.bs_list[-1] if self.bs_list else 0
+
+    def has_graph(self, bs: int) -> bool:
+        return bs in self.graphs
 
     def can_use_graph(self, batch: Batch) -> bool:
         return self.enabled and batch.is_decode and batch.size <= self.max_bs
@@ -68,54 +83,60 @@ class GraphRunner:
 
     @torch.inference_mode()
     def capture(
-        self, model: ModelFn, ctx: Context, backend: BaseAttnBackend, stream: torch.cuda.Stream, max_seq_len: int
+        self, step: StepFn, pack: PackFn, backend: BaseAttnBackend, stream: torch.cuda.Stream, max_seq_len: int,
+        device: torch.device,
     ) -> None:
-        """Capture one decode graph per size in bs_list, on `stream`, sharing one memory pool."""
+        """Capture one decode step per size in bs_list, on `stream`, sharing one memory pool."""
         if not self.enabled:
             return
-        device = ctx.page_table.device
-        dummy_slot = int(ctx.page_table[self.dummy_req.table_idx, 0])
-        self.buffers = {
-            "input_ids": torch.zeros(self.max_bs, dtype=torch.int32, device=device),
-            "positions": torch.zeros(self.max_bs, dtype=torch.int64, device=device),
-            "out_loc": torch.full((self.max_bs,), dummy_slot, dtype=torch.int32, device=device),
-            "table_rows": torch.full((self.max_bs,), self.dummy_req.table_idx, dtype=torch.int64, device=device),
-        }
+        padding = {bs: pack(bs) for bs in self.bs_list}
+        self.inputs = torch.zeros(max(layout.size for _, layout in padding.values()), dtype=torch.int64,
+                                  device=device)
         backend.init_capture_graph(max_seq_len, self.bs_list)
         self._backend = backend
         pool = None
         stream.wait_stream(torch.cuda.current_stream(device))  # the weights, KV pool and page table are set up there
         with torch.cuda.stream(stream):
             for bs in reversed(self.bs_list):
+                host, layout = padding[bs]
+                packed = self.inputs[: layout.size]
+                packed.copy_(host)
                 batch = Batch([self.dummy_req] * bs, "decode")
-                for name in self.static_inputs + ("table_rows",):
-                    setattr(batch, name, self.buffers[name][:bs])
                 backend.prepare_for_capture(batch)
-                with ctx.forward_batch(batch):
-                    model(batch.input_ids, batch.positions, ctx)  # warm-up: lazy inits must not land in the graph
-                    stream.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self.outputs[bs] = model(batch.input_ids, batch.positions, ctx)
+                step(packed, layout, batch)  # warm-up: lazy inits must not land in the graph
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self.outputs[bs] = step(packed, layout, batch)
                 pool = graph.pool() if pool is None else pool
                 self.graphs[bs] = graph
+                self.layouts[bs] = layout
         stream.synchronize()
 
-    def replay(self, batch: Batch) -> torch.Tensor:
-        """Run a padded decode batch through its graph; returns logits [padded_size, vocab] (a fresh tensor)."""
+    def load_inputs(self, batch: Batch) -> None:
+        """Copy the batch's packed inputs (host, the graph's layout) into the static buffer."""
+        layout = self.layouts.get(batch.padded_size)
+        if batch.packed_inputs is None or self.inputs is None or batch.packed_inputs[1] != layout:
+            raise RuntimeError(f"batch of padded size {batch.padded_size} was not packed for a captured graph")
+        host = batch.packed_inputs[0]
+        self.inputs[: host.numel()].copy_(host, non_blocking=True)
+
+    def replay(self, batch: Batch) -> StepOutputs:
+        """Run a padded decode batch's step through its graph. The logits and tokens are fresh copies; the payload
+        and inputs are the graph's, valid until the next replay of the same size."""
         bs = batch.padded_size
         graph = self.graphs.get(bs)
         if graph is None or self._backend is None:
             raise RuntimeError(f"no CUDA graph was captured for batch size {bs}")
-        for name in self.static_inputs + self._backend.graph_inputs:
-            self.buffers[name][:bs].copy_(getattr(batch, name))
+        self.load_inputs(batch)
         self._backend.prepare_for_replay(batch)
         graph.replay()
-        # The output lives in the shared pool, which the next replay overwrites: hand out a copy.
-        return self.outputs[bs].clone()
+        out = self.outputs[bs]
+        return StepOutputs(out.logits.clone(), out.tokens.clone(), out.payload, out.inputs)
 
     def destroy(self) -> None:
         self.graphs.clear()
         self.outputs.clear()
-        self.buffers.clear()
+        self.layouts.clear()
+        self.inputs = None
         self._backend = None

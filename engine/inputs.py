@@ -1,9 +1,11 @@
-"""A batch's device inputs: the new tokens' ids, their positions and the KV slots they write, built from validated
-requests in one host-to-device upload, with the slot checks (LayerKernels.slot_check; engine/validate.py states
-them) launched on the same tensors.
+"""A batch's device inputs: the new tokens' ids, their positions and the KV slots they write, with the slot checks
+(LayerKernels.slot_check; engine/validate.py states them) launched on the same tensors.
 
-Host tensors are built with a fixed number of ops whatever the batch size, and nothing waits for the device: the
-slot verdict is read with the step's tokens (Engine.forward_batch).
+Two halves: pack_inputs builds, on the host, one int64 tensor with everything the device needs (a fixed number of
+ops whatever the batch size), and unpack_inputs turns its device copy into the inputs, waiting for nothing: the slot
+verdict is read with the step's tokens (Engine.forward_batch). An eager pass runs both at once (build_inputs); a
+captured decode step runs unpack_inputs inside the graph, so its layout is fixed per graph size (padding rows,
+every live row's place, max_seq_len long) and a replay only copies the packed tensor in.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Literal
 
 import torch
 
@@ -20,6 +23,28 @@ from .layers.kernels import LayerKernels
 from .validate import Limits, SlotQuery, check_token_ids
 
 _PLACEHOLDER = [0]
+_PER_REQUEST = 4  # rows, cached_len, device_len, first token's index
+_PER_TOKEN = 3  # request, position, id (plus the pending mask when some ids come from the device)
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """The shape of a packed input tensor: [rows, cached, device_len, starts] per request, [rows, lengths] per live
+    row outside the batch, [request, position, id(, pending)] per token."""
+
+    requests: int
+    tokens: int
+    others: int
+    max_len: int  # the longest device_len (a graph's: max_seq_len)
+    max_other_len: int  # the longest live length outside the batch (0 without one; a graph's: max_seq_len)
+    pending: Literal["none", "all", "some"]  # which ids the device supplies, from the rows' last sampled tokens
+    decode: bool
+    padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page
+
+    @property
+    def size(self) -> int:
+        return (_PER_REQUEST * self.requests + 2 * self.others + _PER_TOKEN * self.tokens
+                + (self.tokens if self.pending == "some" else 0))
 
 
 @dataclass
@@ -32,6 +57,91 @@ class BatchInputs:
     flags: torch.Tensor  # bool [1], device: the slot verdict (True: refused), read with the step's tokens
 
 
+def pack_inputs(
+    reqs: Sequence[Req],
+    limits: Limits,
+    live_rows: Mapping[int, tuple[int, int]],
+    decode: bool,
+    pad_to: int | None = None,
+) -> tuple[torch.Tensor, InputLayout]:
+    """The host half: token ids range-checked, everything else laid out as InputLayout says. A pending token (its
+    request's only new one) gets its id on the device. pad_to: a graph's layout for pad_to requests, decode only
+    (the dummy row pads the batch and the live rows outside it, to max_rows)."""
+    parts = [r.new_token_ids() for r in reqs]
+    flat = [t for p in parts for t in (p or _PLACEHOLDER)]
+    if flat:
+        check_token_ids(reqs, parts, min(flat), max(flat), limits.vocab)
+    pending = [r.token_pending for r in reqs]
+    cached = [r.cached_len for r in reqs]
+    device_lens = [r.device_len for r in reqs]
+    rows = [r.table_idx for r in reqs]
+    in_batch = set(rows)
+    others = [row for row in live_rows if row not in in_batch]
+    other_lens = [live_rows[row][0] for row in others]
+    n = len(reqs)
+    if pad_to is not None:
+        pad, dummy = pad_to - n, limits.max_rows
+        rows += [dummy] * pad
+        cached += [0] * pad
+        device_lens += [0] * pad
+        others += [dummy] * (limits.max_rows - len(others))
+        other_lens += [0] * (limits.max_rows - len(other_lens))
+        flat += [0] * pad
+        pending += [False] * pad
+        n = pad_to
+    extend = [d - c for c, d in zip(cached, device_lens)]
+    if all(e <= 1 for e in extend):  # one token per request (a padding row's too)
+        token_req, positions = list(range(n)), cached
+        starts = token_req
+    else:
+        starts = [0, *accumulate(extend)][:-1]
+        token_req = [i for i, e in enumerate(extend) for _ in range(e)]
+        positions = [c + j for c, e in zip(cached, extend) for j in range(e)]
+    if pad_to is not None:
+        kind: Literal["none", "all", "some"] = "some"
+        max_len = max_other_len = limits.max_seq_len
+    else:
+        kind = "all" if all(pending) else "some" if any(pending) else "none"
+        max_len, max_other_len = max(device_lens), max(other_lens, default=0)
+    mask = [int(pending[i]) for i in token_req] if kind == "some" else []
+    host = torch.tensor(rows + cached + device_lens + starts + others + other_lens + token_req + positions + flat
+                        + mask)  # only now: an id past int64 would fail here, after check_token_ids's message
+    layout = InputLayout(n, len(token_req), len(others), max_len, max_other_len, kind, decode, pad_to is not None)
+    return host, layout
+
+
+def unpack_inputs(
+    packed: torch.Tensor,
+    layout: InputLayout,
+    page_table: torch.Tensor,
+    last_tokens: torch.Tensor,
+    kernels: LayerKernels,
+    limits: Limits,
+) -> BatchInputs:
+    """The device half, from the packed tensor on the device: pending ids read from last_tokens (the engine's
+    per-row last sampled token), the slot checks launched by kernels.slot_check and not waited for. If they fail,
+    every write goes to the dummy page and every read to the dummy row; padding rows write the dummy page too."""
+    n, m, t = layout.requests, layout.others, layout.tokens
+    rows, cached, device_lens, starts = (packed[k * n : (k + 1) * n] for k in range(_PER_REQUEST))
+    o = _PER_REQUEST * n
+    others, other_lens = packed[o : o + m], packed[o + m : o + 2 * m]
+    o += 2 * m
+    token_req, positions, ids = (packed[o + k * t : o + (k + 1) * t] for k in range(_PER_TOKEN))
+    ids = ids.to(torch.int32)
+    if layout.pending == "all":  # a decode step of pending tokens only
+        ids = last_tokens.index_select(0, rows)
+    elif layout.pending == "some":
+        mask = packed[o + _PER_TOKEN * t :].bool()
+        ids = torch.where(mask, last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
+    query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
+                      layout.max_len, layout.max_other_len)
+    out_loc, refused = kernels.slot_check(page_table, query, limits)
+    to_dummy = refused | (device_lens == 0) if layout.padded else refused  # one token per request when padded
+    out_loc = torch.where(to_dummy, limits.num_slots, out_loc)  # slot num_slots: the dummy page's first
+    table_rows = torch.where(refused, limits.max_rows, rows)  # row max_rows: the dummy row
+    return BatchInputs(ids, positions, out_loc, rows, table_rows, refused.view(1))
+
+
 def build_inputs(
     reqs: Sequence[Req],
     limits: Limits,
@@ -39,56 +149,8 @@ def build_inputs(
     live_rows: Mapping[int, tuple[int, int]],
     last_tokens: torch.Tensor,
     kernels: LayerKernels,
+    decode: bool,
 ) -> BatchInputs:
-    """Token ids (range-checked on the host; a pending token is read from last_tokens, the engine's per-row
-    last sampled token), positions and write slots of the new tokens of validated requests. The slot checks run
-    on the device and are not waited for: if they fail, every write goes to the dummy page and every read to the
-    dummy row, and the verdict reaches the host with the step's tokens. kernels runs the slot checks (its
-    slot_check). Runs on the engine's stream."""
-    device = page_table.device
-    parts = [r.new_token_ids() for r in reqs]
-    pending = [i for i, r in enumerate(reqs) if r.token_pending]  # its only new token: 0 holds the place
-    flat = [t for p in parts for t in (p or _PLACEHOLDER)]
-    check_token_ids(reqs, parts, min(flat), max(flat), limits.vocab)
-    ids = torch.tensor(flat)  # only now: an id past int64 would fail here before the message
-    cached = [r.cached_len for r in reqs]
-    device_lens = [r.device_len for r in reqs]
-    extend = [d - c for c, d in zip(cached, device_lens)]
-    n = len(reqs)
-    if all(e == 1 for e in extend):
-        token_req, positions = torch.arange(n), torch.tensor(cached)
-        starts = list(range(n))
-    else:
-        ext = torch.tensor(extend)
-        token_req = torch.repeat_interleave(torch.arange(n), ext)
-        first = torch.repeat_interleave(torch.tensor(cached) - (torch.cumsum(ext, 0) - ext), ext)
-        positions = torch.arange(len(token_req)) + first
-        starts = [0, *accumulate(extend)][:-1]
-    t = len(token_req)
-    rows = [r.table_idx for r in reqs]
-    in_batch = set(rows)
-    others = [row for row in live_rows if row not in in_batch]
-    other_lens = [live_rows[row][0] for row in others]
-    pend_at = [starts[i] for i in pending] + [rows[i] for i in pending]
-    host = torch.cat([
-        torch.tensor(rows + cached + device_lens + starts + others + other_lens + pend_at), token_req, positions, ids,
-    ])
-    packed = upload(host, device)  # one transfer for everything the checks and inputs need
-    rows_d, cached_d, device_d, starts_d = (packed[k * n : (k + 1) * n] for k in range(4))
-    m, o = len(others), 4 * n
-    others_d, other_lens_d = packed[o : o + m], packed[o + m : o + 2 * m]
-    o += 2 * m
-    pend_at_d, pend_rows_d = packed[o : o + len(pending)], packed[o + len(pending) : o + 2 * len(pending)]
-    o += 2 * len(pending)
-    token_req_d, positions_d = packed[o : o + t], packed[o + t : o + 2 * t]
-    ids_d = packed[o + 2 * t :].to(torch.int32)
-    if len(pending) == t:  # a decode step of pending tokens only: all ids come from the device
-        ids_d = last_tokens.index_select(0, rows_d)
-    elif pending:
-        ids_d.index_copy_(0, pend_at_d, last_tokens.index_select(0, pend_rows_d))
-    query = SlotQuery(rows_d, cached_d, device_d, starts_d, token_req_d, positions_d, others_d, other_lens_d,
-                      max(device_lens), max(other_lens, default=0))
-    out_loc, refused = kernels.slot_check(page_table, query, limits)
-    out_loc = torch.where(refused, limits.num_slots, out_loc)  # slot num_slots: the dummy page's first
-    table_rows = torch.where(refused, limits.max_rows, rows_d)  # row max_rows: the dummy row
-    return BatchInputs(ids_d, positions_d, out_loc, rows_d, table_rows, refused.view(1))
+    """An eager pass's inputs: pack_inputs, one upload, unpack_inputs. Runs on the engine's stream."""
+    host, layout = pack_inputs(reqs, limits, live_rows, decode)
+    return unpack_inputs(upload(host, page_table.device), layout, page_table, last_tokens, kernels, limits)

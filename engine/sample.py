@@ -152,11 +152,10 @@ class Sampler:
             raise InvalidRequestError(
                 f"logits have shape {tuple(logits.shape)}, expected [batch size {bs}, vocab {self.vocab_size}]"
             )
-        # amax propagates NaN, so this flags NaN, +inf and all -inf rows in one reduction.
+        if args.all_greedy:
+            return greedy_tokens(logits), no_draws
         bad = ~logits.amax(dim=-1).isfinite()
         argmax = logits.argmax(dim=-1)
-        if args.all_greedy:
-            return torch.where(bad, -1, argmax).to(torch.int32), _nothing
         undo = self._saved_streams()
         if self.draws_with_flashinfer(args):
             # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
@@ -298,7 +297,14 @@ class Sampler:
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
-def _nothing() -> None:
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """int32 [bs]: each row's first argmax, -1 on a row with nothing to sample (amax propagates NaN, so one
+    reduction flags NaN, +inf and all -inf rows). No host sync: a captured decode step runs it."""
+    bad = ~logits.amax(dim=-1).isfinite()
+    return torch.where(bad, -1, logits.argmax(dim=-1)).to(torch.int32)
+
+
+def no_draws() -> None:
     """The undo of a draw that drew nothing (an all-greedy batch)."""
 
 

@@ -82,10 +82,11 @@ def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: d
         assert r["step_ms"] > 0 and r["graph_device_ms"] is None  # no graphs on CPU
         phases = r["phases_ms"]
         assert phases["forward_batch"] > 0 and phases["driver: waiting for the tokens"] > 0 and r["waited_step_ms"] > 0
-        assert phases["prepare: inputs + slot checks (device)"] > 0
+        assert phases["prepare: packed inputs (host)"] > 0
+        assert phases["prepare: inputs + slot checks (device, eager passes)"] > 0
         assert sum(v for k, v in phases.items() if k.startswith("prepare")) < r["step_ms"]
     import engine.engine as engine_module
-    from engine.inputs import build_inputs
+    from engine.inputs import pack_inputs
 
-    assert engine_module.build_inputs is build_inputs, "the phase timers were not removed"
+    assert engine_module.pack_inputs is pack_inputs, "the phase timers were not removed"
     assert engine_module.ForwardOutput.wait.__name__ == "wait", "the timer on a class method was not removed"

@@ -81,8 +81,8 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     leaves it out there instead of reporting it alive."""
     flashinfer = mutants_for("cuda", parse("cuda-bf16"))
     triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
-    assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_rows_stale" not in flashinfer
-    assert "triton_decode_rows_stale" in triton and "flashinfer_last_page_len_modulo" not in triton
+    assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_lengths_frozen" not in flashinfer
+    assert "triton_decode_lengths_frozen" in triton and "flashinfer_last_page_len_modulo" not in triton
     assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == []
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     assert mutants_for("cpu", parse("cpu-fp32")) == mutants_for("cpu")

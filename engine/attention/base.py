@@ -2,8 +2,9 @@
 
 A backend turns a Batch into its own metadata once per forward pass (``prepare_metadata``, CPU side, before
 the model runs), then serves every layer (``forward``, given the forward context: its batch, and the layer
-kernels that write the KV). The graph hooks let the GraphRunner capture decode with static metadata buffers and
-refill them before each replay.
+kernels that write the KV). The graph hooks let the GraphRunner capture a whole decode step: metadata in static
+buffers (prepare_for_capture), the part of it computed on the device inside the graph (graph_metadata), and the
+host's part refilled before each replay (prepare_for_replay), which reads only the batch's requests.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ class BaseAttnMetadata(ABC):
 class BaseAttnBackend(ABC):
     name: str
     supports_cuda_graph = False  # True where the graph hooks below are implemented
-    # Batch fields the backend reads inside a captured graph, besides the model's input_ids, positions and out_loc;
-    # the graph runner copies them into its static buffers at each replay. It has one more: table_rows.
-    graph_inputs: tuple[str, ...] = ()
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
@@ -57,6 +55,12 @@ class BaseAttnBackend(ABC):
         """Point batch.attn_metadata at the static buffers of batch.padded_size before capture."""
         raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")
 
+    def graph_metadata(self, batch: Batch) -> None:
+        """Inside the captured step, before the model: the metadata computed on the device from batch.positions
+        and batch.table_rows, which the graph computes itself. Nothing by default."""
+        return None
+
     def prepare_for_replay(self, batch: Batch) -> None:
-        """Copy this batch's metadata into the static buffers of its padded size before replay."""
+        """Before each replay: the host's part of this batch's metadata (from its padded requests alone) into the
+        static buffers of its padded size."""
         raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")

@@ -7,9 +7,12 @@ needs whole pages: token j of a request lives at offset j % page_size of its (j 
 how the driver hands pages out (the torch backend also serves arbitrary slot lists).
 
 Planning happens once per batch, on the first layer's forward (or, for a CUDA graph, before its replay); every
-layer then only runs the kernels. FlashInfer's plan stages its schedule in a pinned host buffer of the wrapper
-and copies it to the device asynchronously, so re-planning a wrapper before that copy ran would corrupt the
-earlier batch's schedule; each plan records an event and the next plan of the same wrapper waits for it.
+layer then only runs the kernels. A captured decode step computes its page ids inside the graph (graph_page_ids),
+from the page counts the plan copied in; the plan itself reads only the host's lengths.
+
+FlashInfer's plan stages its schedule in a pinned host buffer of the wrapper and copies it to the device
+asynchronously, so re-planning a wrapper before that copy ran would corrupt the earlier batch's schedule; each plan
+records an event and the next plan of the same wrapper waits for it.
 
 ``import flashinfer`` happens only when this backend is built, so the engine imports on machines without it.
 """
@@ -96,6 +99,21 @@ def kv_page_ids(
     return torch.div(slots, page_size, rounding_mode="floor").to(torch.int32)
 
 
+def graph_page_ids(
+    page_table: torch.Tensor, table_rows: torch.Tensor, kv_indptr: torch.Tensor, cols: torch.Tensor,
+    page_size: int, out: torch.Tensor,
+) -> None:
+    """kv_page_ids with shapes fixed by the graph: out[kv_indptr[i] + p] = the page id of page p of row
+    table_rows[i], for p in cols (every page a row can hold) below the request's page count; the rest land in out's
+    last entry, which no request's pages reach. kv_indptr: int32 [bs + 1] on the device."""
+    indptr = kv_indptr.long()
+    valid = cols < (indptr[1:] - indptr[:-1]).unsqueeze(1)
+    dest = torch.where(valid, indptr[:-1].unsqueeze(1) + cols, out.shape[0] - 1)
+    slots = page_table.view(-1)[(table_rows * page_table.shape[1]).unsqueeze(1) + cols * page_size]
+    ids = slots if page_size == 1 else torch.div(slots, page_size, rounding_mode="floor")
+    out.index_copy_(0, dest.flatten(), ids.flatten().to(torch.int32))
+
+
 @dataclass
 class FlashInferMetadata(BaseAttnMetadata):
     index: PagedKVIndex
@@ -154,6 +172,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         batch.attn_metadata = FlashInferMetadata(index, kv_indices, last)
 
     def _plan(self, wrapper: Any, meta: FlashInferMetadata, is_decode: bool) -> None:
+        """Plan `wrapper` for meta's batch; a graph's wrapper is given no page ids (meta.kv_indices is empty there),
+        since the graph computes them into its buffer and the plan reads only the host's lengths."""
         key = id(wrapper)
         pending = self._plan_events.get(key)
         if pending is not None:
@@ -191,9 +211,11 @@ class FlashInferAttnBackend(BaseAttnBackend):
         max_bs = max(bs_list)
         pages_per_req = math.ceil(max_seq_len / self.page_size)
         self._graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
-        self._graph_kv_indices = torch.zeros(max_bs * pages_per_req, dtype=torch.int32, device=self.device)
+        # One entry past every request's pages: where graph_page_ids puts the columns a request does not have.
+        self._graph_kv_indices = torch.zeros(max_bs * pages_per_req + 1, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._graph_last_indices = torch.arange(max_bs, dtype=torch.int64, device=self.device)
+        self._graph_page_cols = torch.arange(pages_per_req, dtype=torch.int64, device=self.device)
         for bs in bs_list:
             self.graph_wrappers[bs] = self._decode_wrapper(
                 paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
@@ -202,12 +224,17 @@ class FlashInferAttnBackend(BaseAttnBackend):
             )
 
     def prepare_for_capture(self, batch: Batch) -> None:
-        self.prepare_metadata(batch)
         self.prepare_for_replay(batch)
 
+    def graph_metadata(self, batch: Batch) -> None:
+        graph_page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
+                       self._graph_page_cols, self.page_size, self._graph_kv_indices)
+
     def prepare_for_replay(self, batch: Batch) -> None:
-        """Plan the captured wrapper of this size: plan copies the metadata into its static buffers."""
-        meta = batch.attn_metadata
-        assert isinstance(meta, FlashInferMetadata)
-        self._plan(self.graph_wrappers[batch.padded_size], meta, is_decode=True)
-        meta.last_indices = self._graph_last_indices[: batch.padded_size]
+        """Plan the captured wrapper of this size from the padded requests' lengths: the plan copies the page
+        counts and last-page lengths into the static buffers (graph_metadata reads them)."""
+        bs = batch.padded_size
+        index = build_paged_kv_index(batch.padded_reqs, self.page_size)
+        meta = FlashInferMetadata(index, self._graph_kv_indices[:0], self._graph_last_indices[:bs])
+        self._plan(self.graph_wrappers[bs], meta, is_decode=True)
+        batch.attn_metadata = meta

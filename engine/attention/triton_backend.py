@@ -4,9 +4,9 @@ no plan in between. Everything else (prefill, extend, decode batches over DECODE
 FlashInfer's graphs step faster, plan and all) runs on the paged backend: FlashInfer where it serves the
 configuration, else the torch backend (which then leaves every decode batch to Triton, since it has no graphs).
 
-A decode request's length is its position + 1 (one new token, already stored), computed inside the pass from the
-batch's positions; its KV is read through ctx.batch.table_rows, which the graph runner copies into a static buffer
-at each replay (graph_inputs).
+A decode request's length is its position + 1 (one new token, already stored), computed on the device from the
+batch's positions (inside the graph: graph_metadata); its KV is read through ctx.batch.table_rows, which a captured
+step computes itself.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) 
 class TritonDecodeMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor  # arange(padded_size): one token per request
     num_splits: int  # split-KV chunks per request: per graph size, or per eager batch from its longest request
-    seq_lens: torch.Tensor | None = None  # positions + 1, computed by each pass's first layer
+    seq_lens: torch.Tensor | None = None  # positions + 1, on the device (a graph's: computed inside it)
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -53,7 +53,6 @@ class TritonDecodeMetadata(BaseAttnMetadata):
 class TritonAttnBackend(BaseAttnBackend):
     name = "triton"
     supports_cuda_graph = True
-    graph_inputs = ("table_rows",)
 
     def __init__(
         self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
@@ -89,7 +88,7 @@ class TritonAttnBackend(BaseAttnBackend):
             return
         longest = max(r.device_len for r in batch.padded_reqs)
         bs = batch.padded_size
-        batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest))
+        batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest), batch.positions + 1)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
@@ -99,9 +98,7 @@ class TritonAttnBackend(BaseAttnBackend):
             return self.paged.forward(q, k, v, layer_id, ctx)
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
-        assert isinstance(meta, TritonDecodeMetadata)
-        if layer_id == 0 or meta.seq_lens is None:  # once per pass: a capture's warm-up must not leave it stale
-            meta.seq_lens = batch.positions + 1
+        assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
         return self._kernels.paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, batch.table_rows,
             meta.seq_lens, self.scale, meta.num_splits,
@@ -121,7 +118,15 @@ class TritonAttnBackend(BaseAttnBackend):
         bs = batch.padded_size
         batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, self._max_seq_len))
 
+    def graph_metadata(self, batch: Batch) -> None:
+        if not self._serves(batch):
+            self.paged.graph_metadata(batch)
+            return
+        meta = batch.attn_metadata
+        assert isinstance(meta, TritonDecodeMetadata)
+        meta.seq_lens = batch.positions + 1
+
     def prepare_for_replay(self, batch: Batch) -> None:
-        """Nothing for Triton's sizes: the graph reads the rows and positions from the runner's static buffers."""
+        """Nothing for Triton's sizes: the graph computes the rows and lengths from the step's packed inputs."""
         if not self._serves(batch):
             self.paged.prepare_for_replay(batch)

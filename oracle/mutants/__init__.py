@@ -346,8 +346,8 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "graph_positions_stale",
-            "a CUDA-graph replay does not copy the batch's positions into the graph's static buffer: every replayed "
-            "decode step uses the positions of an earlier step",
+            "a CUDA-graph replay copies the step's packed inputs into the graph's static buffer except their "
+            "positions: every replayed decode step uses the positions the buffer held before",
             "static graph inputs not refreshed before replay (vllm-project/vllm's and sglang's graph runners copy "
             "every input into the captured buffers; a missed one replays stale values)",
             c.graph_positions_stale,
@@ -357,13 +357,13 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("graphs", True),),
         ),
         Mutant(
-            "triton_decode_rows_stale",
-            "the Triton decode backend's graph replays do not copy the batch's page-table rows into the graph's "
-            "static buffer: every replayed decode step reads the rows captured (the dummy row's), not the batch's "
-            "(bites targets with attention=triton and graphs on)",
+            "triton_decode_lengths_frozen",
+            "the Triton decode backend's lengths are fixed when the graph is captured (its dummy requests' one "
+            "token) instead of computed from each replay's positions: every replayed decode step attends to its "
+            "first token only (bites targets with attention=triton and graphs on)",
             "device-side attention metadata left out of the graph's inputs (sglang's and vllm's graph runners "
             "refresh block tables and sequence lengths in place before each replay)",
-            c.triton_decode_rows_stale,
+            c.triton_decode_lengths_frozen,
             (_DECODE, _GREEDY),
             (_DECODE,),
             device="cuda",

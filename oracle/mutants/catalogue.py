@@ -26,12 +26,12 @@ import engine.engine as engine_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
-from engine.attention.triton_backend import TritonAttnBackend
+from engine.attention.triton_backend import TritonAttnBackend, TritonDecodeMetadata
 from engine.core import Batch, Context, Phase, Req, SamplingParams
 from engine.driver import Generation, RequestState, StaticDriver
 from engine.engine import Engine, ForwardOutput
-from engine.graph import GraphRunner
-from engine.inputs import BatchInputs
+from engine.graph import GraphRunner, StepOutputs
+from engine.inputs import BatchInputs, InputLayout
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import LayerKernels
 from engine.layers.norm import RMSNorm
@@ -51,7 +51,10 @@ _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
 _ORIGINAL_LAND = StaticDriver._land
-_ORIGINAL_BUILD_INPUTS = engine_module.build_inputs
+_ORIGINAL_PACK_INPUTS = engine_module.pack_inputs
+_ORIGINAL_UNPACK_INPUTS = engine_module.unpack_inputs
+_ORIGINAL_LOAD_INPUTS = GraphRunner.load_inputs
+_ORIGINAL_TRITON_GRAPH_METADATA = TritonAttnBackend.graph_metadata
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 
 
@@ -208,16 +211,17 @@ def _flashinfer_draw_joint(self: Sampler, probs: torch.Tensor, args: BatchSampli
 # ---- model --------------------------------------------------------------------------------------------------
 
 
-def _prepare_batch_decode_position(self: Engine, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, Any]:
-    """A decode token's RoPE position is device_len (counted after the step's increment) instead of device_len - 1.
+def _unpack_inputs_decode_position(packed: torch.Tensor, layout: InputLayout, *rest: Any) -> BatchInputs:
+    """A decode token's RoPE position is device_len (counted after the step's increment) instead of device_len - 1;
+    its KV slot stays right. Inputs are unpacked inside a captured step too, so graph replays carry the bug.
 
     Shifting *every* position by one would be invisible (RoPE only sees differences); this shift is not, because
     the prefill positions stay right.
     """
-    batch, args = _ORIGINAL_PREPARE_BATCH(self, reqs, phase)
-    if phase == "decode":
-        batch.positions = batch.positions + 1
-    return batch, args
+    inputs = _ORIGINAL_UNPACK_INPUTS(packed, layout, *rest)
+    if layout.decode:
+        inputs.positions = inputs.positions + 1
+    return inputs
 
 
 def _rmsnorm_model_dtype(self: RMSNorm, x: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -316,8 +320,9 @@ def _forward_batch_into_shared_logits(self: Engine, batch: Batch, args: BatchSam
     return dataclasses.replace(out, logits=shared)
 
 
-def _replay_hands_out_static_output(self: GraphRunner, batch: Batch) -> torch.Tensor:
-    """A replay returns the graph's static output buffer itself, not a copy: the next replay overwrites it."""
+def _replay_hands_out_static_output(self: GraphRunner, batch: Batch) -> StepOutputs:
+    """A replay returns the graph's static logits and tokens themselves, not copies: the next replay overwrites
+    them."""
     _ORIGINAL_REPLAY(self, batch)
     return self.outputs[batch.padded_size]
 
@@ -350,7 +355,8 @@ def seed_ignored() -> contextlib.AbstractContextManager[None]:
 
 
 def rope_off_by_one() -> contextlib.AbstractContextManager[None]:
-    return _swap(Engine, "prepare_batch", _prepare_batch_decode_position)
+    # The engine reaches unpack_inputs through engine.engine's module-level name, eagerly and in graph capture.
+    return _swap(engine_module, "unpack_inputs", _unpack_inputs_decode_position)
 
 
 def rmsnorm_model_dtype() -> contextlib.AbstractContextManager[None]:
@@ -378,7 +384,6 @@ def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
 # ---- batch composition, chunked prefill and batched decode (issue #11) ------------------------------------------
 
 _ORIGINAL_DECODE = TorchAttnBackend._decode
-_ORIGINAL_PREPARE_PADDED = Engine._prepare_batch
 
 
 def _prepare_batch_extend_positions_from_zero(self: Engine, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, Any]:
@@ -407,16 +412,15 @@ def _decode_keys_unmasked(
     return _ORIGINAL_DECODE(q, meta, k_slots, v_slots, gqa)
 
 
-def _prepare_batch_pad_slot_zero(
-    self: Engine, reqs: Sequence[Req], phase: Phase, inputs: BatchInputs
-) -> tuple[Batch, Any]:
+def _unpack_inputs_pad_slot_zero(packed: torch.Tensor, layout: InputLayout, *rest: Any) -> BatchInputs:
     """The dummy rows that pad a decode batch write their K/V to slot 0 (a convention of engines that reserve slot 0
     for padding) instead of the dummy page; here slot 0 is a real request's."""
-    batch, args = _ORIGINAL_PREPARE_PADDED(self, reqs, phase, inputs)
-    pad = batch.padded_size - batch.size
-    if pad:
-        batch.out_loc = torch.cat([batch.out_loc[: batch.size], torch.zeros_like(batch.out_loc[batch.size :])])
-    return batch, args
+    inputs = _ORIGINAL_UNPACK_INPUTS(packed, layout, *rest)
+    if layout.padded:
+        n = layout.requests
+        padding = packed[2 * n : 3 * n] == 0  # device_len, engine/inputs.py's third per-request block: 0 pads
+        inputs.out_loc = torch.where(padding, 0, inputs.out_loc)
+    return inputs
 
 
 def _prepare_metadata_gather_past_end(self: TorchAttnBackend, batch: Batch) -> None:
@@ -441,7 +445,7 @@ def decode_keys_unmasked() -> contextlib.AbstractContextManager[None]:
 
 
 def pad_slot_zero() -> contextlib.AbstractContextManager[None]:
-    return _swap(Engine, "_prepare_batch", _prepare_batch_pad_slot_zero)
+    return _swap(engine_module, "unpack_inputs", _unpack_inputs_pad_slot_zero)
 
 
 def last_token_gather_off_by_one() -> contextlib.AbstractContextManager[None]:
@@ -516,12 +520,33 @@ def flashinfer_last_page_len_modulo() -> contextlib.AbstractContextManager[None]
     return _swap(flashinfer_backend, "build_paged_kv_index", _paged_kv_index_modulo_last_page)
 
 
+def _load_inputs_keeping_positions(self: GraphRunner, batch: Batch) -> None:
+    """A replay copies the step's packed inputs except its positions block: every replay runs on the positions
+    the static buffer held before (the capture's, 0)."""
+    layout = self.layouts[batch.padded_size]
+    assert self.inputs is not None
+    n, m, t = layout.requests, layout.others, layout.tokens
+    start = 4 * n + 2 * m + t  # engine/inputs.py: per request 4 blocks, per live row 2, then token_req, positions
+    kept = self.inputs[start : start + t].clone()
+    _ORIGINAL_LOAD_INPUTS(self, batch)
+    self.inputs[start : start + t].copy_(kept)
+
+
 def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
-    return _swap(GraphRunner, "static_inputs", ("input_ids", "out_loc"))
+    return _swap(GraphRunner, "load_inputs", _load_inputs_keeping_positions)
 
 
-def triton_decode_rows_stale() -> contextlib.AbstractContextManager[None]:
-    return _swap(TritonAttnBackend, "graph_inputs", ())
+def _triton_lengths_of_capture(self: TritonAttnBackend, batch: Batch) -> None:
+    """The Triton decode lengths are fixed when the graph is captured (its dummy requests' one token) instead of
+    computed from each replay's positions."""
+    _ORIGINAL_TRITON_GRAPH_METADATA(self, batch)
+    meta = batch.attn_metadata
+    if isinstance(meta, TritonDecodeMetadata):
+        meta.seq_lens = torch.ones_like(batch.positions)
+
+
+def triton_decode_lengths_frozen() -> contextlib.AbstractContextManager[None]:
+    return _swap(TritonAttnBackend, "graph_metadata", _triton_lengths_of_capture)
 
 
 @contextlib.contextmanager
@@ -544,13 +569,12 @@ def gemv_gate_unactivated() -> Iterator[None]:
 # ---- bad input: the live-row guard, atomic generate, one driver per engine (issue #12) ------------------------
 
 
-def _build_inputs_without_live_rows(
-    reqs: Sequence[Req], limits: Any, page_table: torch.Tensor, live_rows: Any, last_tokens: torch.Tensor,
-    kernels: Any,
-) -> BatchInputs:
+def _pack_inputs_without_live_rows(
+    reqs: Sequence[Req], limits: Any, live_rows: Any, decode: bool, pad_to: int | None = None
+) -> tuple[torch.Tensor, InputLayout]:
     """The slot checks leave out the live rows outside the batch (its `others` are empty): a new token may overwrite
     the cached KV of a running request that is not in this batch; the checks within the batch are unchanged."""
-    return _ORIGINAL_BUILD_INPUTS(reqs, limits, page_table, {}, last_tokens, kernels)
+    return _ORIGINAL_PACK_INPUTS(reqs, limits, {}, decode, pad_to)
 
 
 def _generate_admitting_eagerly(
@@ -582,8 +606,8 @@ def _driver_init_without_owner_check(self: StaticDriver, engine: Engine, *args: 
 
 
 def live_rows_unchecked() -> contextlib.AbstractContextManager[None]:
-    # Engine.prepare_batch reaches build_inputs through engine.engine's module-level name; only that name is rebound.
-    return _swap(engine_module, "build_inputs", _build_inputs_without_live_rows)
+    # Engine.prepare_batch reaches pack_inputs through engine.engine's module-level name; only that name is rebound.
+    return _swap(engine_module, "pack_inputs", _pack_inputs_without_live_rows)
 
 
 def generate_admits_eagerly() -> contextlib.AbstractContextManager[None]:

@@ -1,4 +1,5 @@
-"""FlashInfer's page metadata from the token-granular page table, and the CPU-side guards of the GPU path.
+"""FlashInfer's page metadata from the token-granular page table (eager and in a captured step), and the CPU-side
+guards of the GPU path.
 
 These run everywhere (no GPU needed): the metadata is plain index arithmetic, checked here against the page table
 it must describe, for page sizes 1..16 and shuffled page orders.
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from engine import ConfigError, Engine, EngineConfig, Req, SamplingParams
 from engine.attention import ATTENTION_BACKENDS, Where
-from engine.attention.flashinfer_backend import build_paged_kv_index, kv_page_ids, unsupported_reason
+from engine.attention.flashinfer_backend import build_paged_kv_index, graph_page_ids, kv_page_ids, unsupported_reason
 from engine.attention.triton_backend import unsupported_reason as triton_unsupported_reason
 from engine.sample import Sampler
 
@@ -62,6 +63,13 @@ def test_index_and_page_ids_describe_the_page_table(page_size: int, lengths: lis
         slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()
         slots = slots[: (len(pages) - 1) * page_size + last]
         assert slots.tolist() == table[row, :n].tolist()
+    # A captured step's page ids: fixed shapes (every column a row can hold), the same ids in kv_indices order.
+    cols = torch.arange(-(-width // page_size))
+    out = torch.full((len(lengths) * len(cols) + 1,), -7, dtype=torch.int32)
+    graph_page_ids(table, torch.tensor([r.table_idx for r in reqs]), index.kv_indptr, cols, page_size, out)
+    total = int(index.kv_indptr[-1])
+    assert out[:total].tolist() == ids.tolist()
+    assert (out[total:-1] == -7).all(), "columns past a request's pages land only in the last entry"
 
 
 def test_flashinfer_is_refused_clearly_without_cuda() -> None:
