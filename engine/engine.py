@@ -31,11 +31,11 @@ from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, StepOutputs, default_graph_bs
 from .inputs import BatchInputs, InputLayout, pack_inputs, unpack_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS, LayerKernels
+from .layers.kernels import LAYER_KERNELS, LayerKernels, keep_tokens
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
-from .sample import SAMPLERS, BatchSamplingArgs, greedy_tokens, no_draws
+from .sample import SAMPLERS, BatchSamplingArgs, no_draws
 from .validate import Limits, check_fresh, check_memory, raise_slot_error, validate_batch
 
 
@@ -359,14 +359,6 @@ class Engine:
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
-    def _keep_tokens(self, tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
-        """Store the step's tokens as its rows' last tokens; returns the payload for the host: the tokens, the slot
-        verdict and the rows' last tokens before (ForwardOutput.host). A -1 (nothing to sample) is kept as 0, so it
-        never becomes an input id; that step fails anyway."""
-        before = self.last_tokens.index_select(0, rows)
-        self.last_tokens.index_copy_(0, rows, tokens.clamp(min=0))
-        return torch.cat([tokens, flags.to(torch.int32), before])
-
     def _graph_step(self, packed: torch.Tensor, layout: InputLayout, batch: Batch) -> StepOutputs:
         """A whole decode step, as the graph runner captures it: inputs, device metadata, model, greedy tokens."""
         inputs = self._unpack(packed, layout)
@@ -374,8 +366,8 @@ class Engine:
         self.attn_backend.graph_metadata(batch)
         with self.ctx.forward_batch(batch):
             logits = self.model(batch.input_ids, batch.positions, self.ctx)
-        tokens = greedy_tokens(logits)
-        return StepOutputs(logits, tokens, self._keep_tokens(tokens, inputs.rows, inputs.flags), inputs)
+        tokens, payload = self.ctx.kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
+        return StepOutputs(logits, tokens, payload, inputs)
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
@@ -406,7 +398,7 @@ class Engine:
                 with self.ctx.forward_batch(batch):
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n]
                 next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                payload = self._keep_tokens(next_tokens, batch.rows[:n], batch.slot_flags)
+                payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             if self.device.is_cuda:  # one device-to-host copy for the tokens, the slot verdict and the undo
                 host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
                 host.copy_(payload, non_blocking=True)

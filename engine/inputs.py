@@ -135,10 +135,7 @@ def unpack_inputs(
         ids = torch.where(mask, last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
     query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
                       layout.max_len, layout.max_other_len)
-    out_loc, refused = kernels.slot_check(page_table, query, limits)
-    to_dummy = refused | (device_lens == 0) if layout.padded else refused  # one token per request when padded
-    out_loc = torch.where(to_dummy, limits.num_slots, out_loc)  # slot num_slots: the dummy page's first
-    table_rows = torch.where(refused, limits.max_rows, rows)  # row max_rows: the dummy row
+    out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)
     return BatchInputs(ids, positions, out_loc, rows, table_rows, refused.view(1))
 
 

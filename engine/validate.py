@@ -130,6 +130,18 @@ class SlotQuery:
     max_other_len: int  # the longest of other_lens (0 without live rows outside)
 
 
+def redirected_slots(
+    page_table: torch.Tensor, q: SlotQuery, limits: Limits, padded: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """slot_check, then where its verdict sends the step: (out_loc, table_rows, refused). A refused step writes only
+    the dummy page (slot num_slots, its first) and reads only the dummy row (max_rows); padded: padding requests
+    (device_len 0, one token each) write the dummy page too."""
+    out_loc, refused = slot_check(page_table, q, limits)
+    to_dummy = refused | (q.device_len == 0) if padded else refused
+    out_loc = torch.where(to_dummy, limits.num_slots, out_loc)
+    return out_loc, torch.where(refused, limits.max_rows, q.rows), refused
+
+
 def slot_check(page_table: torch.Tensor, q: SlotQuery, limits: Limits) -> tuple[torch.Tensor, torch.Tensor]:
     """The slots the new tokens write (int32 [tokens], read from the page table) and the verdict (bool []: True
     when the batch must be refused), launched on the device and not waited for."""

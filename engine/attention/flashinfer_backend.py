@@ -105,7 +105,8 @@ def graph_page_ids(
 ) -> None:
     """kv_page_ids with shapes fixed by the graph: out[kv_indptr[i] + p] = the page id of page p of row
     table_rows[i], for p in cols (every page a row can hold) below the request's page count; the rest land in out's
-    last entry, which no request's pages reach. kv_indptr: int32 [bs + 1] on the device."""
+    last entry, which no request's pages reach. kv_indptr: int32 [bs + 1] on the device. The torch statement of
+    what a captured step runs as one Triton launch (engine/layers/triton_kernels.py's page_ids)."""
     indptr = kv_indptr.long()
     valid = cols < (indptr[1:] - indptr[:-1]).unsqueeze(1)
     dest = torch.where(valid, indptr[:-1].unsqueeze(1) + cols, out.shape[0] - 1)
@@ -215,7 +216,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._graph_kv_indices = torch.zeros(max_bs * pages_per_req + 1, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._graph_last_indices = torch.arange(max_bs, dtype=torch.int64, device=self.device)
-        self._graph_page_cols = torch.arange(pages_per_req, dtype=torch.int64, device=self.device)
+        self._graph_max_pages = pages_per_req
         for bs in bs_list:
             self.graph_wrappers[bs] = self._decode_wrapper(
                 paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
@@ -227,8 +228,10 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.prepare_for_replay(batch)
 
     def graph_metadata(self, batch: Batch) -> None:
-        graph_page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
-                       self._graph_page_cols, self.page_size, self._graph_kv_indices)
+        from ..layers import triton_kernels  # CUDA only, where Triton ships with torch
+
+        triton_kernels.page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
+                                self._graph_max_pages, self.page_size, self._graph_kv_indices)
 
     def prepare_for_replay(self, batch: Batch) -> None:
         """Plan the captured wrapper of this size from the padded requests' lengths: the plan copies the page

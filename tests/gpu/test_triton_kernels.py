@@ -196,13 +196,16 @@ def test_engine_kernels_agree(wide_models: dict[str, Path]) -> None:
     faults=st.lists(st.tuples(st.sampled_from(["out", "negative", "alias", "twice", "offset"]), st.integers(0, 10**6)),
                     max_size=2),
     seed=st.integers(0, 2**32 - 1),
+    pads=st.integers(0, 2),
 )
 def test_the_triton_slot_check_is_the_torch_one(
-    page_size: int, lengths: list[tuple[int, int]], live: list[int], faults: list[tuple[str, int]], seed: int
+    page_size: int, lengths: list[tuple[int, int]], live: list[int], faults: list[tuple[str, int]], seed: int,
+    pads: int,
 ) -> None:
     """Random batches over a shuffled, page-structured page table, with faults that must be refused (slots out
-    of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset): the same
-    out_loc for every new token and the same verdict as engine/validate.py's torch reference."""
+    of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset), padded as a
+    graph pads them (requests of device_len 0 on the dummy row): the same out_loc for every new token, the same
+    rows to read and the same verdict as engine/validate.py's torch reference."""
     rnd = random.Random(seed)
     num_pages, width = 64, 48
     limits = Limits(max_rows=8, max_seq_len=width, vocab=512, num_slots=num_pages * page_size, page_size=page_size)
@@ -210,6 +213,8 @@ def test_the_triton_slot_check_is_the_torch_one(
     free = list(range(num_pages))
     rnd.shuffle(free)
     reqs = [(device_len, min(cached, device_len - 1)) for device_len, cached in lengths]
+    if pads:  # a graph's layout: decode, one token per request
+        reqs = [(device_len, device_len - 1) for device_len, _ in reqs]
     rows = list(range(len(reqs) + len(live)))
     for row, n in zip(rows, [d for d, _ in reqs] + live):
         for start in range(0, n, page_size):
@@ -240,6 +245,13 @@ def test_the_triton_slot_check_is_the_torch_one(
         starts.append(starts[-1] + e)
     token_req = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor(extend))
     positions = torch.cat([torch.arange(c, d) for d, c in reqs])
+    table[limits.max_rows] = limits.num_slots + torch.arange(width) % page_size  # the dummy row
+    n = len(reqs)
+    starts += list(range(sum(extend), sum(extend) + pads))
+    token_req = torch.cat([token_req, torch.arange(n, n + pads)])
+    positions = torch.cat([positions, torch.zeros(pads, dtype=torch.int64)])
+    reqs += [(0, 0)] * pads
+    rows = rows[:n] + [limits.max_rows] * pads + rows[n:]
 
     def dev(values: list[int] | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(values, dtype=torch.int64).to(device)
@@ -249,7 +261,8 @@ def test_the_triton_slot_check_is_the_torch_one(
         dev(positions), dev(rows[len(reqs):]), dev(live), max(d for d, _ in reqs), max(live, default=0),
     )
     table = table.to(device)
-    want_loc, want = TORCH_KERNELS.slot_check(table, query, limits)
-    got_loc, got = LAYER_KERNELS.factory("triton")().slot_check(table, query, limits)
+    want_loc, want_rows, want = TORCH_KERNELS.slot_check(table, query, limits, pads > 0)
+    got_loc, got_rows, got = LAYER_KERNELS.factory("triton")().slot_check(table, query, limits, pads > 0)
     assert bool(got) == bool(want)
-    assert torch.equal(got_loc, want_loc)
+    assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
+    assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
