@@ -3,7 +3,7 @@
 
 Two halves: pack_inputs builds, on the host, one int64 tensor with everything the device needs (a fixed number of
 ops whatever the batch size), and unpack_inputs turns its device copy into the inputs, waiting for nothing: the slot
-verdict is read with the step's tokens (Engine.forward_batch). An eager pass runs both at once (build_inputs); a
+verdict is read with the step's tokens (Engine.forward_batch). An eager pass runs both in prepare_batch; a
 captured decode step runs unpack_inputs inside the graph, so its layout is fixed per graph size (padding rows,
 every live row's place, max_seq_len long) and a replay only copies the packed tensor in.
 """
@@ -18,7 +18,6 @@ from typing import Literal
 import torch
 
 from .core import Req
-from .device import upload
 from .layers.kernels import LayerKernels
 from .validate import Limits, SlotQuery, check_token_ids
 
@@ -138,16 +137,3 @@ def unpack_inputs(
     out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)
     return BatchInputs(ids, positions, out_loc, rows, table_rows, refused.view(1))
 
-
-def build_inputs(
-    reqs: Sequence[Req],
-    limits: Limits,
-    page_table: torch.Tensor,
-    live_rows: Mapping[int, tuple[int, int]],
-    last_tokens: torch.Tensor,
-    kernels: LayerKernels,
-    decode: bool,
-) -> BatchInputs:
-    """An eager pass's inputs: pack_inputs, one upload, unpack_inputs. Runs on the engine's stream."""
-    host, layout = pack_inputs(reqs, limits, live_rows, decode)
-    return unpack_inputs(upload(host, page_table.device), layout, page_table, last_tokens, kernels, limits)

@@ -1,11 +1,12 @@
 """Checks inputs before anything is written, so a rejected call changes no state. Nothing here takes the Engine:
 each check gets the limits and state it reads.
 
-validate_batch (host checks) and check_token_ids run in prepare_batch. The slot checks (slot_check, the torch
-reference of LayerKernels.slot_check) are launched on the device by engine/inputs.py's build_inputs and not waited
-for: every slot read lies in the pool (page-structured when page_size > 1), and no new token may land on another new
-token or on cached KV of the batch or of a live row (Engine.live_rows), since a row's live KV is overwritten only by
-the request that owns it until the row is released. A failed verdict sends the step's reads and writes to the dummy
+validate_batch (host checks) and check_token_ids run in prepare_batch. The slot checks (slot_check, and with the
+redirect redirected_slots: the torch reference of LayerKernels.slot_check) are launched on the device by
+engine/inputs.py's unpack_inputs, inside a captured step too, and not waited for: every slot read lies in the pool
+(page-structured when page_size > 1), and no new token may land on another new token or on cached KV of the batch or
+of a live row (Engine.live_rows), since a row's live KV is overwritten only by the request that owns it until the
+row is released. A failed verdict sends the step's reads and writes to the dummy
 page and comes back with its tokens, where raise_slot_error names the culprit. check_fresh runs in forward_batch;
 prompt_list guards the driver's add(); check_memory runs before the engine allocates.
 """

@@ -266,3 +266,59 @@ def test_the_triton_slot_check_is_the_torch_one(
     assert bool(got) == bool(want)
     assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bs=st.integers(1, 9),
+    vocab=st.sampled_from((7, 2048, 4097, 151936)),
+    specials=st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["nan", "+inf", "-inf row", "tie"]),
+                                st.integers(0, 10**6)), max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_greedy_step_is_the_torch_one(
+    triton_kernels: LayerKernels, bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int
+) -> None:
+    """A captured step's greedy tokens, last tokens and payload: the same as engine/sample.py's greedy_tokens and
+    keep_tokens, with rows of NaN, +inf, all -inf (-1, kept as 0) and exact ties at the maximum (first index)."""
+    logits = torch.randn(bs, vocab, generator=_gen(seed), device="cuda")
+    for row, kind, pick in specials:
+        row %= bs
+        if kind == "nan":
+            logits[row, pick % vocab] = float("nan")
+        elif kind == "+inf":
+            logits[row, pick % vocab] = float("inf")
+        elif kind == "-inf row":
+            logits[row] = float("-inf")
+        else:
+            top = logits[row].max() + 1
+            logits[row, pick % vocab] = top
+            logits[row, (pick * 7 + 1) % vocab] = top
+    rows = torch.randperm(12, generator=torch.Generator().manual_seed(seed))[:bs].cuda()
+    flags = torch.tensor([seed % 2 == 0], device="cuda")
+    last = torch.arange(100, 112, dtype=torch.int32, device="cuda")
+    want_last, got_last = last.clone(), last.clone()
+    want = TORCH_KERNELS.greedy_step(logits, want_last, rows, flags)
+    got = triton_kernels.greedy_step(logits, got_last, rows, flags)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got_last, want_last)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_graph_page_ids_in_one_launch(page_size: int) -> None:
+    """triton_kernels.page_ids writes what flashinfer_backend.graph_page_ids (its torch statement) writes."""
+    from engine.attention.flashinfer_backend import graph_page_ids
+    from engine.layers import triton_kernels
+
+    width, bs = 96, 5
+    table = torch.randint(0, 4000, (bs + 2, width), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+    pages = torch.tensor([1, 0, 24, 7, 3])[:bs] if page_size == 4 else torch.tensor([1, 0, 6, 2, 3])
+    pages = pages.clamp(max=-(-width // page_size))
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32).cuda()
+    rows = torch.tensor([6, 0, 3, 2, 5]).cuda()
+    max_pages = -(-width // page_size)
+    want = torch.full((bs * max_pages + 1,), -7, dtype=torch.int32, device="cuda")
+    got = want.clone()
+    table = table.cuda()
+    graph_page_ids(table, rows, indptr, torch.arange(max_pages, device="cuda"), page_size, want)
+    triton_kernels.page_ids(table, rows, indptr, max_pages, page_size, got)
+    assert torch.equal(got[:-1], want[:-1])
