@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 from typing import Literal
 
@@ -22,14 +23,18 @@ from .layers.kernels import LayerKernels
 from .validate import Limits, SlotQuery, check_token_ids
 
 _PLACEHOLDER = [0]
-_PER_REQUEST = 4  # rows, cached_len, device_len, first token's index
-_PER_TOKEN = 3  # request, position, id (plus the pending mask when some ids come from the device)
+# The packed tensor's blocks in order, each with the count it has one entry per (pack_inputs writes them so).
+_BLOCKS = (
+    ("rows", "requests"), ("cached", "requests"), ("device_len", "requests"), ("starts", "requests"),
+    ("others", "others"), ("other_lens", "others"),
+    ("token_req", "tokens"), ("positions", "tokens"), ("ids", "tokens"), ("pending", "tokens"),
+)
 
 
 @dataclass(frozen=True)
 class InputLayout:
     """The shape of a packed input tensor: [rows, cached, device_len, starts] per request, [rows, lengths] per live
-    row outside the batch, [request, position, id(, pending)] per token."""
+    row outside the batch, [request, position, id(, pending)] per token (_BLOCKS; span() finds each)."""
 
     requests: int
     tokens: int
@@ -40,10 +45,21 @@ class InputLayout:
     decode: bool
     padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page
 
+    @cached_property
+    def _spans(self) -> dict[str, slice]:
+        spans, start = {}, 0
+        for name, count in _BLOCKS:
+            length = 0 if name == "pending" and self.pending != "some" else getattr(self, count)
+            spans[name], start = slice(start, start + length), start + length
+        return spans
+
+    def span(self, name: str) -> slice:
+        """Where block `name` (one of _BLOCKS) lies in the packed tensor."""
+        return self._spans[name]
+
     @property
     def size(self) -> int:
-        return (_PER_REQUEST * self.requests + 2 * self.others + _PER_TOKEN * self.tokens
-                + (self.tokens if self.pending == "some" else 0))
+        return self._spans["pending"].stop
 
 
 @dataclass
@@ -120,20 +136,15 @@ def unpack_inputs(
     """The device half, from the packed tensor on the device: pending ids read from last_tokens (the engine's
     per-row last sampled token), the slot checks launched by kernels.slot_check and not waited for. If they fail,
     every write goes to the dummy page and every read to the dummy row; padding rows write the dummy page too."""
-    n, m, t = layout.requests, layout.others, layout.tokens
-    rows, cached, device_lens, starts = (packed[k * n : (k + 1) * n] for k in range(_PER_REQUEST))
-    o = _PER_REQUEST * n
-    others, other_lens = packed[o : o + m], packed[o + m : o + 2 * m]
-    o += 2 * m
-    token_req, positions, ids = (packed[o + k * t : o + (k + 1) * t] for k in range(_PER_TOKEN))
+    rows, cached, device_lens, starts, others, other_lens, token_req, positions, ids, mask = (
+        packed[layout.span(name)] for name, _ in _BLOCKS
+    )
     ids = ids.to(torch.int32)
     if layout.pending == "all":  # a decode step of pending tokens only
         ids = last_tokens.index_select(0, rows)
     elif layout.pending == "some":
-        mask = packed[o + _PER_TOKEN * t :].bool()
-        ids = torch.where(mask, last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
+        ids = torch.where(mask.bool(), last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
     query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
                       layout.max_len, layout.max_other_len)
     out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)
     return BatchInputs(ids, positions, out_loc, rows, table_rows, refused.view(1))
-

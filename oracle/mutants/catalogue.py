@@ -417,8 +417,7 @@ def _unpack_inputs_pad_slot_zero(packed: torch.Tensor, layout: InputLayout, *res
     for padding) instead of the dummy page; here slot 0 is a real request's."""
     inputs = _ORIGINAL_UNPACK_INPUTS(packed, layout, *rest)
     if layout.padded:
-        n = layout.requests
-        padding = packed[2 * n : 3 * n] == 0  # device_len, engine/inputs.py's third per-request block: 0 pads
+        padding = packed[layout.span("device_len")] == 0
         inputs.out_loc = torch.where(padding, 0, inputs.out_loc)
     return inputs
 
@@ -523,13 +522,11 @@ def flashinfer_last_page_len_modulo() -> contextlib.AbstractContextManager[None]
 def _load_inputs_keeping_positions(self: GraphRunner, batch: Batch) -> None:
     """A replay copies the step's packed inputs except its positions block: every replay runs on the positions
     the static buffer held before (the capture's, 0)."""
-    layout = self.layouts[batch.padded_size]
+    positions = self.layouts[batch.padded_size].span("positions")
     assert self.inputs is not None
-    n, m, t = layout.requests, layout.others, layout.tokens
-    start = 4 * n + 2 * m + t  # engine/inputs.py: per request 4 blocks, per live row 2, then token_req, positions
-    kept = self.inputs[start : start + t].clone()
+    kept = self.inputs[positions].clone()
     _ORIGINAL_LOAD_INPUTS(self, batch)
-    self.inputs[start : start + t].copy_(kept)
+    self.inputs[positions].copy_(kept)
 
 
 def graph_positions_stale() -> contextlib.AbstractContextManager[None]:

@@ -7,8 +7,8 @@ the same bound as FlashInfer vs torch (test_gpu_attention.py).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -17,7 +17,8 @@ from test_gpu_attention import assert_runs_match
 
 from engine import Batch, Engine, Req, SamplingParams
 from engine.driver import Generation, PageLayout
-from engine.graph import GraphRunner, StepOutputs
+from engine.graph import StepOutputs
+from oracle.mutants.catalogue import graph_positions_stale
 
 pytestmark = needs_flashinfer
 
@@ -148,7 +149,7 @@ def test_padded_rows_are_inert(wide_models: dict[str, Path], record_property: py
 
 
 def test_replay_that_skips_the_positions_copy_is_caught(
-    wide_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, record_property: pytest.RecordProperty
+    wide_models: dict[str, Path], record_property: pytest.RecordProperty
 ) -> None:
     """A mutant runner that copies the packed inputs but not their positions reuses the capture's zeros: the
     comparison must fail (or the slot checks refuse the step, whose stale positions write over cached KV)."""
@@ -158,19 +159,8 @@ def test_replay_that_skips_the_positions_copy_is_caught(
     runs = {}
     for label, graphs in (("eager", []), ("graph", GRAPH_BS), ("mutant", GRAPH_BS)):
         engine = gpu_engine(model, cuda_graph_bs=graphs)
-        if label == "mutant":
-            runner, load = engine.graph_runner, engine.graph_runner.load_inputs
-
-            def load_keeping_positions(batch: Batch, runner: GraphRunner = runner, load: Any = load) -> None:
-                layout = runner.layouts[batch.padded_size]
-                assert runner.inputs is not None
-                start = 4 * layout.requests + 2 * layout.others + layout.tokens  # engine/inputs.py's positions
-                kept = runner.inputs[start : start + layout.tokens].clone()
-                load(batch)
-                runner.inputs[start : start + layout.tokens].copy_(kept)
-
-            monkeypatch.setattr(runner, "load_inputs", load_keeping_positions)
-        runs[label] = generate(engine, prompts, 6)
+        with graph_positions_stale() if label == "mutant" else contextlib.nullcontext():
+            runs[label] = generate(engine, prompts, 6)
         engine.shutdown()
     assert_runs_match(runs["graph"], runs["eager"], "graph vs eager")
     mutant = runs["mutant"]
