@@ -43,6 +43,8 @@ from hypothesis import HealthCheck, Phase, settings
 from oracle import coverage
 from oracle.drive import EnginePool
 from oracle.hf import HFOracle
+from oracle.ops.bench import Bench
+from oracle.ops.ledger import Ledger
 from oracle.plugins import PluginError, load_plugins
 from oracle.target import TARGET_ENV, Target, TargetError, from_env
 
@@ -58,12 +60,14 @@ settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=Fal
 settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None, phases=_NO_SHRINK)
 
 _TARGET_KEY = pytest.StashKey[Target]()
+_LEDGER_KEY = pytest.StashKey[Ledger]()
 
 MARKERS = (
     "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
     "gpu: needs a CUDA GPU; skipped without one",
     "slow: long-running; deselect with -m 'not slow'",
     "statistical: can fail a correct engine by chance (α-budgeted); python -m oracle.false_failures runs these",
+    "kernel: an op-level property (one kernel call against its reference); `-m kernel` is the fast inner loop",
 )
 
 
@@ -119,6 +123,20 @@ def pytest_report_header(config: pytest.Config) -> str:
 def target(pytestconfig: pytest.Config) -> Target:
     """The target under test (--target)."""
     return pytestconfig.stash[_TARGET_KEY]
+
+
+@pytest.fixture(scope="session")
+def op_bench(pytestconfig: pytest.Config, target: Target) -> Bench:
+    """The target's implementations for the op-level properties; what ran is summed up at the end of the session."""
+    return Bench(target, pytestconfig.stash.setdefault(_LEDGER_KEY, Ledger()))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    ledger = config.stash.get(_LEDGER_KEY, None)
+    if ledger is not None and ledger.counts:
+        terminalreporter.section("op level: the implementation that ran, examples per op")
+        for line in ledger.lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

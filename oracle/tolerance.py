@@ -69,3 +69,56 @@ def logits_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     if actual.shape != reference.shape:
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
     return float((actual.double() - reference.double()).abs().max())
+
+
+# ---- op level: one kernel call against its reference (oracle/ops) -----------------------------------------------
+
+UNIT_ROUNDOFF: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+}
+"""Half the spacing of a dtype's values at 1: one rounding moves a value by at most this share of it."""
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(f"no unit roundoff for {dtype}; known: {sorted(map(str, UNIT_ROUNDOFF))}")
+    return UNIT_ROUNDOFF[dtype]
+
+
+def rounding_bound(reference: torch.Tensor, dtype: torch.dtype, ulps: int) -> torch.Tensor:
+    """Elementwise: `ulps` units in the last place of `dtype` at each reference value (0: bitwise). An op that
+    keeps HF's rounding steps and differs only in the order of a float32 sum lands within 1 ulp of HF's result
+    (the Triton norms and SiLU-and-mul, measured on the H200)."""
+    scale = reference.double().abs().clamp(min=torch.finfo(dtype).tiny)
+    return ulps * 2.0 * unit_roundoff(dtype) * scale
+
+
+def dot_bound(exact: torch.Tensor, magnitude: torch.Tensor, terms: int, dtype: torch.dtype) -> torch.Tensor:
+    """Elementwise bound of a float32-accumulated dot product rounded to `dtype`, against its float64 value:
+    one output rounding, plus the classic worst case of a `terms`-long float32 sum, `terms` * u32 * sum |a_k b_k|
+    (`magnitude`). Any order of the sum and any split of it stays inside."""
+    return unit_roundoff(dtype) * exact.double().abs() + terms * unit_roundoff(torch.float32) * magnitude.double()
+
+
+ATTENTION_ROUNDINGS = 4
+"""Attention against float64: the output's rounding, the probabilities rounded to the input dtype before the PV
+product (FlashInfer does), the score and the normalisation: each moves an output by at most u x max |v|."""
+
+
+def attention_bound(max_abs_v: torch.Tensor, score_magnitude: torch.Tensor, kv_len: int, head_dim: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """Bound of attention outputs against float64, elementwise over the query rows given: ATTENTION_ROUNDINGS
+    roundings at `dtype` and a `kv_len`-long float32 sum, relative to the largest |v| a row attends to, plus the
+    float32 error of its scores (a `head_dim`-long sum of magnitude `score_magnitude` = max over keys of
+    |q| . |k| x scale), which moves each probability by up to twice that error."""
+    u32 = unit_roundoff(torch.float32)
+    share = ATTENTION_ROUNDINGS * unit_roundoff(dtype) + kv_len * u32 + 2 * head_dim * u32 * score_magnitude.double()
+    return share * max_abs_v.double()
+
+
+KERNEL_ULPS = 1
+"""A kernel that keeps HF's rounding steps and only reorders a float32 reduction (a norm's sum of squares, an exp)
+lands within one ulp of HF's result; the torch reference, which runs HF's own ops, is held to 0 (bitwise)."""

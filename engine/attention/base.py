@@ -47,6 +47,11 @@ class BaseAttnBackend(ABC):
         q: [tokens, qo_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns [tokens, qo_heads, head_dim].
         """
 
+    def delegate(self, batch: Batch) -> str | None:
+        """The name of the backend this one hands `batch` to, or None where it runs the batch itself (the op-level
+        harness fails a hand-over that is not declared here)."""
+        return None
+
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         """Allocate static metadata buffers for every batch size that will be captured."""
         raise NotImplementedError(f"the {self.name} backend does not support CUDA graphs")

@@ -82,6 +82,9 @@ class TritonAttnBackend(BaseAttnBackend):
         """Whether the Triton kernel runs this batch (else the paged backend does)."""
         return batch.is_decode and batch.padded_size <= self.decode_max_bs
 
+    def delegate(self, batch: Batch) -> str | None:
+        return None if self._serves(batch) else self.paged.name
+
     def prepare_metadata(self, batch: Batch) -> None:
         if not self._serves(batch):
             self.paged.prepare_metadata(batch)

@@ -102,6 +102,11 @@ class LayerKernels(ABC):
         faster on column-major narrowing weights (engine/layers/linear.py)."""
         narrowing_weights_column_major(model)
 
+    def declines(self, op: str, *args: object) -> str | None:
+        """Why these kernels hand op(*args) (the method's own arguments) to the torch reference, or None where they
+        run it themselves: the op-level harness fails a hand-over that is not declared here."""
+        return None
+
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -182,7 +187,7 @@ class TritonKernels(LayerKernels):
     def store_kv(
         self, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
     ) -> None:
-        if self._k.store_kv_fits(k_slots, k, v):
+        if self.declines("store_kv", k_slots, v_slots, k, v, loc) is None:
             self._k.store_kv(k_slots, v_slots, k, v, loc)
         else:
             TORCH_KERNELS.store_kv(k_slots, v_slots, k, v, loc)
@@ -190,7 +195,7 @@ class TritonKernels(LayerKernels):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
-        if self._k.gemv_fits(x, weight, gated):
+        if self.declines("linear", x, weight, bias, gated) is None:
             return self._k.gemv(x, weight, bias, gated)
         return super().linear(x, weight, bias, gated)
 
@@ -208,9 +213,21 @@ class TritonKernels(LayerKernels):
     def greedy_step(
         self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if logits.dtype != torch.float32 or logits.stride(1) != 1:
+        if self.declines("greedy_step", logits, last_tokens, rows, flags) is not None:
             return super().greedy_step(logits, last_tokens, rows, flags)
         return self._k.greedy_step(logits, last_tokens, rows, flags)
+
+    def declines(self, op: str, *args: object) -> str | None:
+        if op == "store_kv" and not self._k.store_kv_fits(args[0], args[2], args[3]):
+            return "the KV store's tiles need a power-of-two number of kv heads, unit inner strides, a contiguous pool"
+        if op == "linear" and not self._k.gemv_fits(args[0], args[1], bool(args[3])):
+            return "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, row-major weights"
+        if op == "greedy_step":
+            logits = args[0]
+            assert isinstance(logits, torch.Tensor)
+            if logits.dtype != torch.float32 or logits.stride(1) != 1:
+                return "the argmax kernel reads float32 logits with unit column stride"
+        return None
 
 
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

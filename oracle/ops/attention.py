@@ -1,0 +1,186 @@
+"""Op-level checks of an attention backend: one forward of one layer over a drawn page table (prefill, extend and
+decode), against softmax(q k^T / sqrt(d)) v in float64 with a bottom-right causal mask.
+
+Lengths straddle the tile edges up to 1024 tokens and the page edges; q is scaled so the largest score of the batch
+reaches a drawn value up to past float32's exp overflow; every KV slot the batch does not own holds poison (a
+large finite value, so a kernel that reads a slot it should not gets a visibly wrong output, while a whole-page
+read that masks correctly stays exact). After the call the new tokens' slots must hold their K/V bitwise, and no
+other slot may change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from engine import ATTENTION_BACKENDS, Batch, Context, Req, SamplingParams
+from engine.attention import BaseAttnBackend, TorchAttnBackend
+from engine.distributed.comm import NullComm
+from engine.kvcache.pool import KVCachePool
+
+from ..strategies import seeds
+from ..tolerance import attention_bound
+from .bench import Bench
+from .compare import assert_bitwise, assert_within, describe
+from .guard import assert_untouched, guarded
+from .ledger import expected_impl
+from .strategies import gaps, random_tensor, score_maxima, seq_lengths
+
+MAX_LEN = 1024
+MAX_TOKENS = 1400  # KV positions of one example, all requests together: keeps an example under a second on CPU
+POISON = 512.0
+GROUPS = (1, 2, 3, 4)  # query heads per kv head (3: not a power of two)
+
+
+@dataclass(frozen=True)
+class AttnCase:
+    phase: str  # "prefill" (cached_len 0 or an extend) or "decode"
+    cached: tuple[int, ...]
+    lengths: tuple[int, ...]  # device_len of each request
+    page_size: int
+    kv_heads: int
+    group: int
+    score_max: float
+    seed: int
+    gap: int
+
+    @property
+    def new(self) -> tuple[int, ...]:
+        return tuple(d - c for c, d in zip(self.cached, self.lengths))
+
+
+@st.composite
+def attn_cases(draw: st.DrawFn, page_sizes: tuple[int, ...], phase: str | None = None) -> AttnCase:
+    phase = phase or draw(st.sampled_from(("prefill", "extend", "decode")))
+    ps = draw(st.sampled_from(page_sizes))
+    n = draw(st.integers(1, 4))
+    lengths, cached = [], []
+    budget = MAX_TOKENS
+    for _ in range(n):
+        if budget < 2:
+            break
+        length = draw(seq_lengths(min(MAX_LEN, budget), ps, low=2 if phase != "prefill" else 1))
+        budget -= length
+        lengths.append(length)
+        if phase == "extend":
+            cached.append(draw(st.integers(1, length - 1)))
+        else:
+            cached.append(0 if phase == "prefill" else length - 1)
+    return AttnCase(
+        "decode" if phase == "decode" else "prefill", tuple(cached), tuple(lengths), ps,
+        draw(st.sampled_from((1, 2))), draw(st.sampled_from(GROUPS)), draw(score_maxima()),
+        draw(seeds), draw(gaps),
+    )
+
+
+def _tensors(case: AttnCase, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """q [tokens, Hq, d] for the new tokens and k, v [kv positions, Hkv, d] for every request's whole sequence,
+    q scaled so the largest score of the example is case.score_max."""
+    total, new = sum(case.lengths), sum(case.new)
+    hq = case.kv_heads * case.group
+    q = random_tensor((new, hq, head_dim), torch.float64, 1.0, case.seed)
+    k = random_tensor((total, case.kv_heads, head_dim), dtype, 1.0, case.seed + 1)
+    v = random_tensor((total, case.kv_heads, head_dim), dtype, 1.0, case.seed + 2)
+    scale = head_dim**-0.5
+    top = max(float((_queries(case, q, i) @ _keys(case, k, i).transpose(1, 2)).abs().max()) * scale
+              for i in range(len(case.lengths)))
+    return (q * (case.score_max / top)).to(dtype), k, v
+
+
+def _queries(case: AttnCase, q: torch.Tensor, i: int) -> torch.Tensor:
+    start = sum(case.new[:i])
+    return q[start : start + case.new[i]].transpose(0, 1).double()  # [Hq, new, d]
+
+
+def _keys(case: AttnCase, kv: torch.Tensor, i: int) -> torch.Tensor:
+    start = sum(case.lengths[:i])
+    return kv[start : start + case.lengths[i]].transpose(0, 1).double().repeat_interleave(case.group, 0)
+
+
+def reference(case: AttnCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [tokens, Hq, d] in float64, its bound), request by request: query j of request i sits at position
+    cached_i + j and sees keys 0..cached_i + j."""
+    outs, bounds = [], []
+    for i, (cached, length) in enumerate(zip(case.cached, case.lengths)):
+        qi, ki, vi = _queries(case, q, i), _keys(case, k, i), _keys(case, v, i)
+        scores = qi @ ki.transpose(1, 2) * q.shape[-1] ** -0.5
+        visible = torch.arange(length)[None, :] <= torch.arange(cached, length)[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        outs.append((probs @ vi).transpose(0, 1))
+        # per query and head: the largest |v| it attends to, and the magnitude of its scores' float32 sums
+        top_v = torch.where(visible[None, :, :, None], vi.abs()[:, None], 0).amax(dim=(2, 3))  # [Hq, new]
+        magnitude = (qi.abs() @ ki.abs().transpose(1, 2) * q.shape[-1] ** -0.5).masked_fill(~visible, 0).amax(-1)
+        head_dim = q.shape[-1]
+        bounds.append(torch.stack([
+            attention_bound(top_v[:, j], magnitude[:, j], cached + j + 1, head_dim, q.dtype)
+            for j in range(length - cached)
+        ]).unsqueeze(-1).expand(-1, -1, head_dim))
+    return torch.cat(outs), torch.cat(bounds)
+
+
+def check_attention(bench: Bench, case: AttnCase) -> None:
+    dev, dtype, head_dim = bench.device, bench.dtype, bench.target.head_dim
+    q, k, v = _tensors(case, head_dim, dtype)
+    ps = case.page_size
+    width = -(-MAX_LEN // ps) * ps
+    pages_per_row = width // ps
+    rows = len(case.lengths)
+    num_pages = rows * pages_per_row + 1
+    pool = KVCachePool(1, num_pages, ps, case.kv_heads, head_dim, dtype, dev)
+    sign = torch.randint(0, 2, pool.buffer.shape, generator=torch.Generator().manual_seed(case.seed)) * 2 - 1
+    pool.buffer.copy_(sign * POISON)
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(case.seed + 3))
+    table = torch.zeros(rows + 1, width, dtype=torch.int32)
+    for r in range(rows):
+        pages = order[r * pages_per_row : (r + 1) * pages_per_row]
+        table[r] = (pages[:, None] * ps + torch.arange(ps)).flatten()
+    k_slots, v_slots = pool.k_slots(0), pool.v_slots(0)
+    new_k, new_v, positions, out_loc = [], [], [], []
+    for i, (cached, length) in enumerate(zip(case.cached, case.lengths)):
+        start = sum(case.lengths[:i])
+        slots = table[i, :length].long().to(dev)
+        k_slots[slots[:cached]] = k[start : start + cached].to(dev)  # the cached prefix, as earlier passes left it
+        v_slots[slots[:cached]] = v[start : start + cached].to(dev)
+        new_k.append(k[start + cached : start + length])
+        new_v.append(v[start + cached : start + length])
+        positions += range(cached, length)
+        out_loc += table[i, cached:length].tolist()
+    page_table = table.to(dev)
+    backend: BaseAttnBackend = ATTENTION_BACKENDS.factory(str(bench.target.resolved("attention")))(
+        pool, page_table, case.kv_heads * case.group, dev
+    )
+    reqs = [Req([0] * length, i, cached, 1, i, SamplingParams()) for i, (cached, length) in
+            enumerate(zip(case.cached, case.lengths))]
+    batch = Batch(reqs, "decode" if case.phase == "decode" else "prefill")
+    batch.positions = torch.tensor(positions, device=dev)
+    batch.out_loc = torch.tensor(out_loc, dtype=torch.int32, device=dev)
+    batch.table_rows = torch.arange(rows, device=dev)
+    batch.rows = batch.table_rows
+    gq = guarded("q", q.to(dev), case.gap)
+    gk, gv = guarded("k", torch.cat(new_k).to(dev), case.gap), guarded("v", torch.cat(new_v).to(dev), case.gap)
+    before = pool.buffer.clone()
+    ctx = Context(ps, page_table, pool, backend, bench.kernels, NullComm())
+    call = describe({"q": gq.view, "k": gk.view}, phase=case.phase, cached=case.cached, lengths=case.lengths,
+                    page_size=ps, score_max=case.score_max)
+    impl = expected_impl(backend, "forward", "attention", str(bench.target.resolved("attention")),
+                         (TorchAttnBackend, BaseAttnBackend))
+
+    def run() -> torch.Tensor:
+        backend.prepare_metadata(batch)
+        with ctx.forward_batch(batch):
+            return backend.forward(gq.view, gk.view, gv.view, 0, ctx)
+
+    got = bench.traced(f"attention {case.phase}", impl, backend.delegate(batch), run)
+    exact, bound = reference(case, q, k, v)
+    assert_within(f"attention {case.phase}", call, "out", got, exact, bound, "rounding at the dtype, float32 sums")
+    written = torch.zeros(pool.num_slots, dtype=torch.bool)
+    written[out_loc] = True
+    for name, kv_slots, values in (("k", k_slots, gk), ("v", v_slots, gv)):
+        assert_bitwise(f"attention {case.phase}", call, f"{name} stored at out_loc", kv_slots[batch.out_loc.long()],
+                       values.view)
+    after = pool.buffer.view(2, pool.num_slots, -1)
+    assert_bitwise(f"attention {case.phase}", call, "the KV pool outside out_loc (the guard)",
+                   after[:, ~written.to(dev)], before.view(2, pool.num_slots, -1)[:, ~written.to(dev)])
+    assert_untouched(f"attention {case.phase}", [gq, gk, gv])

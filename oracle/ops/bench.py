@@ -1,0 +1,59 @@
+"""What an op-level check runs on: the target's implementations, its device and dtype, and the ledger that proves
+which implementation ran (oracle.ops.ledger)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+
+from engine import LAYER_KERNELS
+from engine.layers.kernels import LayerKernels, TorchKernels
+from engine.registry import REFERENCE
+
+from ..target import Target
+from ..tolerance import KERNEL_ULPS
+from .ledger import Ledger, expected_impl, label
+
+T = TypeVar("T")
+
+
+@dataclass
+class Bench:
+    target: Target
+    ledger: Ledger = field(default_factory=Ledger)
+
+    def __post_init__(self) -> None:
+        self.kernels_name = str(self.target.resolved("kernels"))
+        self.kernels: LayerKernels = LAYER_KERNELS.factory(self.kernels_name)()
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.torch_device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.torch_dtype
+
+    def kernel_impl(self, method: str) -> str:
+        """The implementation that serves LayerKernels.`method` on this target."""
+        return expected_impl(self.kernels, method, "kernels", self.kernels_name, (TorchKernels, LayerKernels))
+
+    def ulps(self, method: str) -> int:
+        """The op's contract on this target: 0 (bitwise) where the torch reference serves it, else KERNEL_ULPS."""
+        return 0 if self.kernel_impl(method) == label("kernels", REFERENCE) else KERNEL_ULPS
+
+    def run_kernel(self, op: str, method: str, *args: object) -> object:
+        """self.kernels.`method`(*args), traced and filed in the ledger under the implementation that ran."""
+        return self.traced(op, self.kernel_impl(method), self.kernels.declines(method, *args),
+                           lambda: getattr(self.kernels, method)(*args))
+
+    def traced(self, op: str, expected: str, declared: str | None, call: Callable[[], T]) -> T:
+        with self.ledger.observe() as seen:
+            out = call()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a fault inside the kernel surfaces here, in this example
+        self.ledger.settle(op, seen, expected, declared)
+        return out

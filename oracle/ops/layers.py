@@ -1,0 +1,286 @@
+"""Op-level checks of the layer kernels (LayerKernels): each drawn call on the target's kernels against HF's op
+sequence at the same dtype, with every input inside a guarded buffer.
+
+Contracts: the torch reference is held to HF's bits; another implementation to oracle.tolerance.KERNEL_ULPS of
+HF's result where it only reorders a float32 reduction (norms, SiLU), to HF's bits where it has no reduction (RoPE
+without a norm, the residual sum, the KV store), and to the float64 product's dot_bound for linear.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from hypothesis import strategies as st
+
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.config import RopeConfig
+
+from ..strategies import seeds
+from ..tolerance import dot_bound, rounding_bound
+from . import references as ref
+from .bench import Bench
+from .compare import assert_bitwise, assert_within, describe
+from .guard import Guarded, assert_untouched, guarded
+from .strategies import BLOCK_EDGES, MAGNITUDES, edge_sizes, gaps, random_tensor, widths
+
+MAX_WIDTH = 4100
+MAX_ROWS = 40
+
+
+def _close(bench: Bench, op: str, method: str, call: str, name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """got against HF's `want` under the op's contract on this target (bitwise, or KERNEL_ULPS of HF's result)."""
+    ulps = bench.ulps(method)
+    if ulps == 0:
+        assert_bitwise(op, call, name, got, want)
+    else:
+        assert_within(op, call, name, got, want, rounding_bound(want, bench.dtype, ulps), f"{ulps} ulp of HF's")
+
+
+def _dev(bench: Bench, t: torch.Tensor) -> torch.Tensor:
+    return t.to(bench.device)
+
+
+# ---- RMSNorm and the residual add ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NormCase:
+    x: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    gap: int
+    residual: torch.Tensor | None = None
+
+
+@st.composite
+def norm_cases(draw: st.DrawFn, dtype: torch.dtype, with_residual: bool = False) -> NormCase:
+    rows = draw(edge_sizes((8,), 1, MAX_ROWS))
+    width = draw(widths(MAX_WIDTH))
+    scale = draw(st.sampled_from(MAGNITUDES))
+    seed = draw(seeds)
+    x = random_tensor((rows, width), dtype, scale, seed)
+    if draw(st.booleans()):  # a row of zeros: rsqrt(eps) alone
+        x[draw(st.integers(0, rows - 1))] = 0
+    weight = random_tensor((width,), dtype, 1.0, seed + 1)
+    residual = random_tensor((rows, width), dtype, scale, seed + 2) if with_residual else None
+    eps = draw(st.sampled_from((1e-6, 1e-5)))
+    return NormCase(x, weight, eps, draw(gaps), residual)
+
+
+def check_rms_norm(bench: Bench, case: NormCase) -> None:
+    x, w = guarded("x", _dev(bench, case.x), case.gap), guarded("weight", _dev(bench, case.weight))
+    call = describe({"x": x.view, "weight": w.view}, eps=case.eps)
+    got = bench.run_kernel("rms_norm", "rms_norm", x.view, w.view, case.eps)
+    assert isinstance(got, torch.Tensor)
+    _close(bench, "rms_norm", "rms_norm", call, "out", got, ref.rms_norm(_dev(bench, case.x), w.view, case.eps))
+    assert_untouched("rms_norm", [x, w])
+
+
+def check_add_rms_norm(bench: Bench, case: NormCase) -> None:
+    assert case.residual is not None
+    x, w = guarded("x", _dev(bench, case.x), case.gap), guarded("weight", _dev(bench, case.weight))
+    r = guarded("residual", _dev(bench, case.residual), case.gap)
+    call = describe({"x": x.view, "residual": r.view, "weight": w.view}, eps=case.eps)
+    out = bench.run_kernel("add_rms_norm", "add_rms_norm", x.view, r.view, w.view, case.eps)
+    assert isinstance(out, tuple)
+    got, total = out
+    want_total = _dev(bench, case.x) + _dev(bench, case.residual)  # HF: hidden = residual + hidden
+    assert_bitwise("add_rms_norm", call, "the residual sum", total, want_total)
+    _close(bench, "add_rms_norm", "add_rms_norm", call, "out", got, ref.rms_norm(want_total, w.view, case.eps))
+    assert_untouched("add_rms_norm", [x, r, w])
+
+
+# ---- q/k norm + RoPE -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeCase:
+    x: torch.Tensor  # [tokens, heads, head_dim]
+    positions: torch.Tensor  # int64 [tokens]
+    theta: float
+    max_positions: int
+    norm_weight: torch.Tensor | None
+    gap: int
+
+
+@st.composite
+def rope_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int) -> RopeCase:
+    tokens = draw(edge_sizes((8, 32), 1, 70))
+    heads = draw(st.integers(1, 9))
+    max_positions = draw(st.sampled_from((128, 4096, 40960)))
+    seed = draw(seeds)
+    top = st.integers(max(0, max_positions - 3), max_positions - 1)  # the last rows of the cos/sin tables
+    positions = draw(st.lists(st.integers(0, max_positions - 1) | top, min_size=tokens, max_size=tokens))
+    x = random_tensor((tokens, heads, head_dim), dtype, draw(st.sampled_from((1.0, 4.0, 300.0))), seed)
+    norm = random_tensor((head_dim,), dtype, 1.0, seed + 1) if draw(st.booleans()) else None
+    theta = draw(st.sampled_from((1e4, 1e6)))
+    return RopeCase(x, torch.tensor(positions), theta, max_positions, norm, draw(gaps))
+
+
+def check_norm_rope(bench: Bench, case: RopeCase) -> None:
+    x = guarded("x", _dev(bench, case.x), case.gap)
+    positions = guarded("positions", _dev(bench, case.positions))
+    guards = [x, positions]
+    head_norm = None
+    if case.norm_weight is not None:
+        weight = guarded("norm weight", _dev(bench, case.norm_weight))
+        guards.append(weight)
+        head_norm = SimpleNamespace(weight=weight.view, eps=1e-6)
+    table = RotaryEmbedding(case.x.shape[-1], case.max_positions, RopeConfig(theta=case.theta), bench.device)
+    call = describe({"x": x.view, "positions": positions.view}, theta=case.theta, qk_norm=head_norm is not None)
+    got = bench.run_kernel("norm_rope", "norm_rope", x.view, table.at(positions.view), head_norm)
+    assert isinstance(got, torch.Tensor)
+    normed = _dev(bench, case.x) if head_norm is None else ref.rms_norm(_dev(bench, case.x), head_norm.weight, 1e-6)
+    want = ref.rope(normed, positions.view, case.theta, case.max_positions)
+    if head_norm is None:  # no reduction: any implementation keeps HF's bits
+        assert_bitwise("norm_rope", call, "out", got, want)
+    else:
+        _close(bench, "norm_rope", "norm_rope", call, "out", got, want)
+    assert_untouched("norm_rope", guards)
+
+
+# ---- SiLU-and-mul ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateUpCase:
+    gate_up: torch.Tensor  # [tokens, 2 * size]
+    gap: int
+
+
+@st.composite
+def gate_up_cases(draw: st.DrawFn, dtype: torch.dtype) -> GateUpCase:
+    rows = draw(edge_sizes((8,), 1, MAX_ROWS))
+    size = draw(widths(MAX_WIDTH))
+    scale = draw(st.sampled_from((1e-39, 1.0, 20.0, 90.0, 1e4)))  # exp(-g) overflows float32 past g ~ -88.7
+    return GateUpCase(random_tensor((rows, 2 * size), dtype, scale, draw(seeds)), draw(gaps))
+
+
+def check_silu_and_mul(bench: Bench, case: GateUpCase) -> None:
+    x = guarded("gate_up", _dev(bench, case.gate_up), case.gap)
+    call = describe({"gate_up": x.view})
+    got = bench.run_kernel("silu_and_mul", "silu_and_mul", x.view)
+    assert isinstance(got, torch.Tensor)
+    _close(bench, "silu_and_mul", "silu_and_mul", call, "out", got, ref.silu_and_mul(_dev(bench, case.gate_up)))
+    assert_untouched("silu_and_mul", [x])
+
+
+# ---- linear (the small-batch GEMV where an implementation has one) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    x: torch.Tensor  # [rows, K] or, gated, [rows, 2K]
+    weight: torch.Tensor  # [N, K]
+    bias: torch.Tensor | None
+    gated: bool
+    column_major: bool
+    gap: int
+
+
+@st.composite
+def linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> LinearCase:
+    rows = draw(st.just(1) | edge_sizes((8,), 1, 17))  # one row: the GEMV's case
+    k = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    gated = draw(st.booleans())
+    seed = draw(seeds)
+    x = random_tensor((rows, 2 * k if gated else k), dtype, draw(st.sampled_from((1e-3, 1.0, 30.0))), seed)
+    weight = random_tensor((n, k), dtype, k**-0.5, seed + 1)
+    bias = random_tensor((n,), dtype, 1.0, seed + 2) if draw(st.booleans()) else None
+    return LinearCase(x, weight, bias, gated, draw(st.booleans()), draw(gaps))
+
+
+def check_linear(bench: Bench, case: LinearCase) -> None:
+    x = guarded("x", _dev(bench, case.x), case.gap)
+    w_values = _dev(bench, case.weight)
+    w = guarded("weight", w_values.t().contiguous() if case.column_major else w_values)
+    weight = w.view.t() if case.column_major else w.view
+    guards: list[Guarded] = [x, w]
+    bias = None
+    if case.bias is not None:
+        b = guarded("bias", _dev(bench, case.bias))
+        guards.append(b)
+        bias = b.view
+    call = describe({"x": x.view, "weight": weight, **({"bias": bias} if bias is not None else {})}, gated=case.gated)
+    got = bench.run_kernel("linear", "linear", x.view, weight, bias, case.gated)
+    assert isinstance(got, torch.Tensor)
+    inputs = ref.silu_and_mul(_dev(bench, case.x)) if case.gated else _dev(bench, case.x)
+    exact, magnitude = ref.linear_exact(inputs, w_values, case.bias)
+    bound = dot_bound(exact, magnitude, case.weight.shape[1], bench.dtype)
+    assert_within("linear", call, "out", got, exact, bound, "float32 accumulation, one rounding")
+    assert_untouched("linear", guards)
+
+
+# ---- the KV store ------------------------------------------------------------------------------------------------
+
+TOP_INDEX = 2**31
+"""An element offset past int32: a slot times its stride computed in 32 bits wraps here."""
+
+
+def big_pools_fit(device: torch.device) -> bool:
+    """Whether two KV buffers of 2**31 two-byte elements fit comfortably (CPU: physical memory, never touched but
+    where written; CUDA: free device memory)."""
+    need = 2 * TOP_INDEX * 2 + 2**30
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] > 2 * need
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") > 2 * need
+
+
+@dataclass(frozen=True)
+class StoreCase:
+    k: torch.Tensor  # [tokens, kv_heads, head_dim]
+    v: torch.Tensor
+    loc: torch.Tensor  # int64 [tokens]: distinct slots
+    num_slots: int
+    big: bool  # the pool passes 2**31 elements (two-byte KV); loc sits at its top
+    gap: int
+
+
+@st.composite
+def store_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int, big_ok: bool) -> StoreCase:
+    tokens = draw(edge_sizes((32, 64), 1, 130))
+    heads = draw(st.sampled_from((1, 2, 3, 4, 8)))
+    big = big_ok and draw(st.integers(0, 4)) == 0
+    if big:
+        dtype = dtype if dtype.itemsize == 2 else torch.bfloat16
+        num_slots = TOP_INDEX // (heads * head_dim) + tokens + 2
+        low = num_slots - tokens - 2
+    else:
+        num_slots = draw(st.integers(tokens + 1, 4 * tokens + 8))
+        low = 0
+    slots = draw(st.lists(st.integers(low, num_slots - 1), min_size=tokens, max_size=tokens, unique=True))
+    seed = draw(seeds)
+    k = random_tensor((tokens, heads, head_dim), dtype, 1.0, seed)
+    v = random_tensor((tokens, heads, head_dim), dtype, 1.0, seed + 1)
+    return StoreCase(k, v, torch.tensor(slots), num_slots, big, draw(gaps))
+
+
+def check_store_kv(bench: Bench, case: StoreCase) -> None:
+    """slots[loc] = k, v, bitwise, and no other slot of the pool changes (the whole pool, or for a pool past 2**31
+    elements the written slots' neighbours, since reading it all would touch every page)."""
+    tokens, heads, head_dim = case.k.shape
+    shape = (case.num_slots, heads, head_dim)
+    if case.big:  # never zero-filled: only the pages written and compared are ever touched
+        pools = [torch.empty(shape, dtype=case.k.dtype, device=bench.device) for _ in range(2)]
+        watch = torch.unique(torch.cat([case.loc + d for d in (-2, -1, 0, 1)]).clamp(0, case.num_slots - 1))
+        for pool in pools:
+            pool[watch] = -7.0
+    else:
+        pools = [random_tensor(shape, case.k.dtype, 1.0, tokens + s).to(bench.device) for s in (0, 1)]
+        watch = torch.arange(case.num_slots)
+    watch = watch.to(bench.device)
+    before = [p[watch].clone() for p in pools]
+    k, v = guarded("k", _dev(bench, case.k), case.gap), guarded("v", _dev(bench, case.v), case.gap)
+    loc = guarded("loc", _dev(bench, case.loc))
+    call = describe({"k_slots": pools[0], "k": k.view, "v": v.view, "loc": loc.view}, top_slot=int(case.loc.max()))
+    bench.run_kernel("store_kv", "store_kv", pools[0], pools[1], k.view, v.view, loc.view)
+    written = torch.isin(watch, loc.view)
+    for name, pool, values, was in (("k_slots", pools[0], case.k, before[0]), ("v_slots", pools[1], case.v,
+                                                                                  before[1])):
+        assert_bitwise("store_kv", call, f"{name}[loc]", pool[loc.view].cpu(), values)
+        assert_bitwise("store_kv", call, f"{name} outside loc (the guard)", pool[watch][~written], was[~written])
+    assert_untouched("store_kv", [k, v, loc])

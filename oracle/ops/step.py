@@ -1,0 +1,207 @@
+"""Op-level checks of the decode step's kernels: the greedy step (argmax, the rows' last tokens, the host payload)
+and the slot checks with their redirect. Both contracts are exact: integers, compared bitwise with the harness's own
+statement of the rules (not the engine's torch reference, so a bug there shows too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from engine.validate import Limits, SlotQuery
+
+from ..strategies import seeds
+from . import references as ref
+from .bench import Bench
+from .compare import assert_bitwise, describe
+from .guard import assert_untouched, guarded
+from .strategies import BLOCK_EDGES, edge_sizes, gaps, random_tensor, seq_lengths
+
+ROW_KINDS = ("plain", "tie", "last", "nan", "posinf", "all_neginf", "some_neginf", "subnormal")
+ARGMAX_EDGES = (*BLOCK_EDGES, 32768, 65536)  # the Triton argmax splits the vocabulary in up to 16 chunks of 2048+
+
+
+@dataclass(frozen=True)
+class GreedyCase:
+    logits: torch.Tensor  # float32 [bs, vocab]
+    last_tokens: torch.Tensor  # int32 [max_rows + 1]
+    rows: torch.Tensor  # int64 [bs], distinct
+    refused: bool
+    kinds: tuple[str, ...]
+    gap: int
+
+
+@st.composite
+def greedy_cases(draw: st.DrawFn) -> GreedyCase:
+    bs = draw(edge_sizes((8,), 1, 9))
+    vocab = draw(edge_sizes(ARGMAX_EDGES, 2, 70000))
+    max_rows = draw(st.integers(bs, bs + 8))
+    seed = draw(seeds)
+    logits = random_tensor((bs, vocab), torch.float32, draw(st.sampled_from((1.0, 30.0, 1e30))), seed)
+    gen = torch.Generator().manual_seed(seed)
+    kinds = tuple(draw(st.sampled_from(ROW_KINDS)) for _ in range(bs))
+    for row, kind in zip(logits, kinds):
+        spot = int(torch.randint(vocab, (1,), generator=gen))
+        if kind == "tie":  # the max again at another index: the first must win
+            row[spot] = row.max()
+        elif kind == "last":
+            row[-1] = row.max() + 1
+        elif kind in ("nan", "posinf"):
+            row[spot] = float("nan") if kind == "nan" else float("inf")
+        elif kind == "all_neginf":
+            row.fill_(float("-inf"))
+        elif kind == "some_neginf":
+            row[torch.rand(vocab, generator=gen) < 0.5] = float("-inf")
+        elif kind == "subnormal":
+            row.mul_(1e-39)
+    rows = draw(st.lists(st.integers(0, max_rows), min_size=bs, max_size=bs, unique=True))
+    last = torch.randint(0, vocab, (max_rows + 1,), generator=gen, dtype=torch.int32)
+    return GreedyCase(logits, last, torch.tensor(rows), draw(st.booleans()), kinds, draw(gaps))
+
+
+def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
+    dev = bench.device
+    logits = guarded("logits", case.logits.to(dev), case.gap)
+    last = guarded("last_tokens", case.last_tokens.to(dev))
+    rows = guarded("rows", case.rows.to(dev))
+    flags = guarded("flags", torch.tensor([case.refused], device=dev))
+    call = describe({"logits": logits.view, "last_tokens": last.view, "rows": rows.view}, kinds=case.kinds)
+    out = bench.run_kernel("greedy_step", "greedy_step", logits.view, last.view, rows.view, flags.view)
+    assert isinstance(out, tuple)
+    tokens, payload = out
+    want = ref.first_argmax(case.logits)
+    want_last = case.last_tokens.clone()
+    want_last[case.rows] = want.clamp(min=0)
+    want_payload = torch.cat([want, torch.tensor([int(case.refused)], dtype=torch.int32), case.last_tokens[case.rows]])
+    assert_bitwise("greedy_step", call, "tokens", tokens, want)
+    assert_bitwise("greedy_step", call, "last_tokens (kept tokens; other rows untouched)", last.view, want_last)
+    assert_bitwise("greedy_step", call, "payload (tokens, verdict, last tokens before)", payload, want_payload)
+    assert_untouched("greedy_step", [logits, rows, flags], outputs=(last,))
+
+
+# ---- slot checks -------------------------------------------------------------------------------------------------
+
+FAULTS = ("none", "duplicate", "duplicate", "over_cached", "over_live", "out_of_pool", "off_page")
+
+
+@dataclass(frozen=True)
+class SlotCase:
+    table: torch.Tensor  # int32 [max_rows + 1, width]
+    rows: tuple[int, ...]
+    cached: tuple[int, ...]
+    device_len: tuple[int, ...]
+    others: tuple[int, ...]
+    other_lens: tuple[int, ...]
+    pad: int  # padding requests (device_len 0) after the batch's
+    limits: Limits
+    fault: str
+
+
+@st.composite
+def slot_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> SlotCase:
+    """A page-structured table for a batch (and live rows beside it), then at most one planted fault."""
+    ps = draw(st.sampled_from(page_sizes))
+    width = draw(edge_sizes((64, 256), 2, 300))
+    max_rows = draw(st.integers(1, 6))
+    n = draw(st.integers(1, max_rows))
+    decode = draw(st.booleans())
+    order = draw(st.permutations(range(max_rows)))
+    rows, others = order[:n], order[n : draw(st.integers(n, max_rows))]
+    lens = [draw(seq_lengths(width, ps)) for _ in rows]
+    cached = [d - 1 if decode else draw(st.integers(0, d - 1)) for d in lens]
+    other_lens = [draw(st.integers(1, width)) for _ in others]
+    pages_per_row = -(-width // ps)
+    num_pages = max_rows * pages_per_row + draw(st.integers(0, 3))
+    page_order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(draw(seeds)))
+    table = torch.full((max_rows + 1, pages_per_row * ps), -1, dtype=torch.int32)
+    for r in range(max_rows):
+        pages = page_order[r * pages_per_row : (r + 1) * pages_per_row]
+        table[r] = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
+    table = table[:, :width].contiguous()
+    fault = draw(st.sampled_from(FAULTS))
+    i = draw(st.integers(0, n - 1))
+    row, new = rows[i], list(range(cached[i], lens[i]))
+    j = draw(st.sampled_from(new))
+    if fault == "duplicate":  # two new tokens, maybe of two requests, one slot
+        k = draw(st.integers(0, n - 1))
+        spots = [(rows[k], p) for p in range(cached[k], lens[k]) if (rows[k], p) != (row, j)]
+        if spots:
+            other_row, p = draw(st.sampled_from(spots))
+            table[other_row, p] = table[row, j]
+    elif fault == "over_cached":
+        k = draw(st.integers(0, n - 1))
+        if cached[k]:
+            table[row, j] = table[rows[k], draw(st.integers(0, cached[k] - 1))]
+    elif fault == "over_live" and others:
+        k = draw(st.integers(0, len(others) - 1))
+        table[row, j] = table[others[k], draw(st.integers(0, other_lens[k] - 1))]
+    elif fault == "out_of_pool":
+        table[row, draw(st.integers(0, lens[i] - 1))] = draw(st.sampled_from((-1, num_pages * ps, 2**31 - 1)))
+    elif fault == "off_page" and ps > 1:
+        p = draw(st.integers(0, lens[i] - 1))
+        table[row, p] = (int(table[row, p]) + draw(st.sampled_from((1, ps)))) % (num_pages * ps)
+    pad = draw(st.integers(0, 2)) if decode else 0
+    limits = Limits(max_rows, width, 1, num_pages * ps, ps)
+    return SlotCase(table, tuple(rows), tuple(cached), tuple(lens), tuple(others), tuple(other_lens), pad, limits,
+                    fault)
+
+
+def expected_slots(case: SlotCase) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(out_loc, table_rows, refused) by the rules, stated on the host: every slot a request reads lies in the pool
+    and, with pages, at its position's offset of the page of its block's first position; every slot written is
+    written once and holds no cached KV of the batch or of a live row outside it."""
+    table, lim = case.table.tolist(), case.limits
+    ps, num_slots = lim.page_size, lim.num_slots
+    refused, written, held = False, [], set()
+    for row, cached, length in zip(case.rows, case.cached, case.device_len):
+        for p in range(length):
+            slot = table[row][p]
+            first = table[row][p - p % ps]
+            if not 0 <= slot < num_slots or (ps > 1 and (slot % ps != p % ps or slot // ps != first // ps)):
+                refused = True
+            if p < cached:
+                held.add(slot)
+            else:
+                written.append(slot)
+    for row, length in zip(case.others, case.other_lens):
+        held.update(s for s in table[row][:length] if 0 <= s < num_slots)
+    if len(set(written)) < len(written) or held & set(written):
+        refused = True
+    out_loc = [num_slots] * (len(written) + case.pad) if refused else written + [num_slots] * case.pad
+    table_rows = [lim.max_rows] * (len(case.rows) + case.pad) if refused else [*case.rows, *[lim.max_rows] * case.pad]
+    return torch.tensor(out_loc, dtype=torch.int32), torch.tensor(table_rows), refused
+
+
+def slot_query(case: SlotCase, device: torch.device) -> SlotQuery:
+    """The query the engine's inputs build (engine/inputs.py), padding rows as a graph pads: the dummy row,
+    device_len 0, one token at position 0."""
+    rows = [*case.rows, *[case.limits.max_rows] * case.pad]
+    cached = [*case.cached, *[0] * case.pad]
+    lens = [*case.device_len, *[0] * case.pad]
+    extend = [max(1, d - c) for c, d in zip(cached, lens)]
+    starts = [sum(extend[:i]) for i in range(len(rows))]
+    token_req = [i for i, e in enumerate(extend) for _ in range(e)]
+    positions = [c + j for c, e in zip(cached, extend) for j in range(e)]
+
+    def t(values: list[int] | tuple[int, ...]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64, device=device)
+
+    return SlotQuery(t(rows), t(cached), t(lens), t(starts), t(token_req), t(positions), t(case.others),
+                     t(case.other_lens), max(lens), max(case.other_lens, default=0))
+
+
+def check_slot_check(bench: Bench, case: SlotCase) -> None:
+    table = guarded("page_table", case.table.to(bench.device))
+    query = slot_query(case, bench.device)
+    call = describe({"page_table": table.view}, rows=case.rows, cached=case.cached, device_len=case.device_len,
+                    live=dict(zip(case.others, case.other_lens)), pad=case.pad, page_size=case.limits.page_size,
+                    num_slots=case.limits.num_slots, fault=case.fault)
+    out = bench.run_kernel("slot_check", "slot_check", table.view, query, case.limits, case.pad > 0)
+    assert isinstance(out, tuple)
+    out_loc, table_rows, refused = out
+    want_loc, want_rows, want_refused = expected_slots(case)
+    assert_bitwise("slot_check", call, "the verdict (refused)", refused.reshape(()).cpu(), torch.tensor(want_refused))
+    assert_bitwise("slot_check", call, "out_loc", out_loc, want_loc)
+    assert_bitwise("slot_check", call, "table_rows", table_rows, want_rows)
+    assert_untouched("slot_check", [table])

@@ -1,0 +1,63 @@
+"""Op-level properties of the layer kernels: each LayerKernels method of the target, called alone on drawn
+boundary inputs (widths each side of block edges, subnormal to near-overflow magnitudes, strided rows, positions at
+the end of the RoPE table, KV slots past 2**31 elements), against HF's op sequence (oracle/ops/layers.py states
+each contract), inside guard regions, with the implementation that ran recorded (marker ``kernel``)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracle.budget import examples
+from oracle.coverage import exercised
+from oracle.ops import layers
+from oracle.ops.bench import Bench
+
+pytestmark = pytest.mark.kernel
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+def test_rms_norm(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(layers.norm_cases(op_bench.dtype), label="case")
+    exercised("rms_norm: a width off every power of two", case.x.shape[1] & (case.x.shape[1] - 1) != 0, 0.5)
+    layers.check_rms_norm(op_bench, case)
+
+
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+def test_add_rms_norm(data: st.DataObject, op_bench: Bench) -> None:
+    layers.check_add_rms_norm(op_bench, data.draw(layers.norm_cases(op_bench.dtype, with_residual=True), label="case"))
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+def test_norm_rope(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(layers.rope_cases(op_bench.dtype, op_bench.target.head_dim), label="case")
+    exercised("norm_rope: with a q/k norm", case.norm_weight is not None, 0.2)
+    layers.check_norm_rope(op_bench, case)
+
+
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+def test_silu_and_mul(data: st.DataObject, op_bench: Bench) -> None:
+    layers.check_silu_and_mul(op_bench, data.draw(layers.gate_up_cases(op_bench.dtype), label="case"))
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+def test_linear(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
+    exercised("linear: a single row (the GEMV's case)", case.x.shape[0] == 1, 0.2)
+    layers.check_linear(op_bench, case)
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+def test_store_kv(data: st.DataObject, op_bench: Bench) -> None:
+    big_ok = layers.big_pools_fit(op_bench.device)
+    case = data.draw(layers.store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
+    if big_ok:
+        exercised("store_kv: slots past 2**31 elements", case.big, 0.1)
+    layers.check_store_kv(op_bench, case)
