@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..target import Target
 from . import catalogue as c
+from . import kernels as k
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ _FUZZ = "properties/test_fuzz_invalid.py"
 _BAD_INPUT = "tests/test_bad_input.py"
 _BAD_DRIVER = "tests/test_bad_driver.py"
 _OVERLAP = "tests/test_overlap.py"
+_OP_ATTENTION = "properties/test_op_attention.py"
+_OP_LAYERS = "properties/test_op_layers.py"
+_OP_STEP = "properties/test_op_step.py"
+_OP_HOST = "properties/test_op_host_tokens.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -435,6 +440,91 @@ MUTANTS: dict[str, Mutant] = {
             c.failed_pass_successor_kept,
             (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
             (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
+        ),
+        # ---- kernels at their boundaries, each killed by an op-level property (issue #22) ----
+        Mutant(
+            "attention_tile_tail_dropped",
+            "attention never loads the keys past the last whole 64-key tile once a sequence passes one tile",
+            "zml/zml#563 (a Triton attention kernel left the padding tail unmasked when the tile matched the block), "
+            "triton-lang/triton#630 (a GEMM wrong once K is not a multiple of the block)",
+            k.attention_tile_tail_dropped,
+            (_OP_ATTENTION, _DECODE),
+            (f"{_OP_ATTENTION}::test_attention[decode]",),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "softmax_without_max",
+            "attention's softmax is exp(s) / sum exp(s) without subtracting the row maximum: NaN past a score of ~88.7",
+            "ggml-org/llama.cpp#2665 (CUDA softmax without the max gave NaN at large scores), pytorch/executorch#18407 "
+            "(Vulkan SDPA softmax overflowed float32 at a score of 151)",
+            k.softmax_without_max,
+            (_OP_ATTENTION,),
+            (f"{_OP_ATTENTION}::test_attention[prefill]",),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "store_kv_int32_offsets",
+            "the KV store computes a slot's element offset in 32 bits: past 2**31 elements it wraps to another slot",
+            "vllm-project/vllm#1486 (slot mapping overflowed int32 on large pools), lightseekorg/tokenspeed#501, "
+            "flashinfer-ai/flashinfer#3136 (page index times stride computed in 32 bits)",
+            k.store_kv_int32_offsets,
+            (f"{_OP_LAYERS}::test_store_kv",),
+            (f"{_OP_LAYERS}::test_store_kv",),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "store_kv_one_past",
+            "the KV store also writes the batch's last K/V one slot further on, into a slot it was not given",
+            "gittensor-ai-lab/sparkinfer#289 (a KV write through the wrong index contaminated other sequences' KV)",
+            k.store_kv_one_past,
+            (f"{_OP_LAYERS}::test_store_kv", _KV_ISOLATION),
+            (f"{_OP_LAYERS}::test_store_kv",),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "slot_check_counts_once",
+            "the slot checks count the writes to a slot with a store instead of an add: a slot written twice in one "
+            "batch passes",
+            "vllm-project/vllm#37076 (one KV block handed to two requests at once), the Triton slot check's count "
+            "kernel (engine/layers/triton_kernels.py) states the same rule with atomics",
+            k.slot_check_counts_once,
+            (f"{_OP_STEP}::test_slot_check", _FUZZ),
+            (f"{_OP_STEP}::test_slot_check",),
+            fast_profile="ci",
+        ),
+        Mutant(
+            "triton_slot_count_skipped",
+            "the Triton slot check never launches its count kernel: a slot written twice or over cached KV passes",
+            "the same rule as slot_check_counts_once, on the kernel the CUDA targets run",
+            k.triton_slot_count_skipped,
+            (f"{_OP_STEP}::test_slot_check",),
+            (f"{_OP_STEP}::test_slot_check",),
+            fast_profile="ci",
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
+            "triton_rms_norm_undeclared_fallback",
+            "the Triton RMSNorm hands batches of more than 8 rows to the torch reference without declaring it: the "
+            "kernel under test is never exercised there",
+            "sgl-project/sglang#4543-style silent fallbacks to a reference path; llama.cpp's test-backend-ops lists "
+            "every op a backend does not run for the same reason",
+            k.triton_rms_norm_undeclared_fallback,
+            (f"{_OP_LAYERS}::test_rms_norm",),
+            (f"{_OP_LAYERS}::test_rms_norm",),
+            fast_profile="ci",
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
+            "host_copy_unwaited",
+            "the host tokens are read without waiting for the device-to-host copy's event",
+            "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",
+            k.host_copy_unwaited,
+            (_OP_HOST,),
+            (_OP_HOST,),
+            fast_profile="ci",
+            device="cuda",
         ),
     )
 }

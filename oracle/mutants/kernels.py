@@ -1,0 +1,144 @@
+"""Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for, each a reversible patch
+like the catalogue's (oracle.mutants.catalogue). They live at the boundaries strategies must reach: a tile tail, a
+softmax past float32's exp overflow, an element offset past 2**31, a slot written twice, a write past the slots
+asked for, a kernel that silently hands its work to the reference, a host copy read before it lands."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine import validate
+from engine.attention import torch_backend
+from engine.engine import ForwardOutput
+from engine.layers.kernels import TORCH_KERNELS, TorchKernels, TritonKernels
+
+from .catalogue import _swap
+
+TILE = 64
+
+_ORIGINAL_TORCH_STORE_KV = TorchKernels.store_kv
+_ORIGINAL_SLOT_VERDICT = validate.slot_verdict
+_ORIGINAL_TRITON_RMS_NORM = TritonKernels.rms_norm
+
+
+def _bool_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """SDPA's own masking as one boolean mask: is_causal (top-left, q as long as k here) or attn_mask or nothing."""
+    q_len, kv_len = q.shape[-2], k.shape[-2]
+    if is_causal:
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is None:
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device)
+    return attn_mask
+
+
+def _sdpa_tile_tail_dropped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False, **kw: Any,
+) -> torch.Tensor:
+    """Keys past the last whole 64-key tile are never loaded once a sequence passes one tile: the kernel's loop runs
+    kv_len // BLOCK_N full tiles and forgets the masked tail."""
+    kv_len = k.shape[-2]
+    if kv_len <= TILE or kv_len % TILE == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+    loaded = torch.arange(kv_len, device=q.device) < kv_len - kv_len % TILE
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_bool_mask(q, k, attn_mask, is_causal) & loaded, **kw)
+
+
+def _sdpa_softmax_without_max(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False, enable_gqa: bool = False, **kw: Any,
+) -> torch.Tensor:
+    """exp(s) / sum exp(s) in float32 without subtracting the row maximum: past a score of ~88.7 exp overflows to
+    inf and the row becomes inf / inf = NaN."""
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = scores.exp().masked_fill(~_bool_mask(q, k, attn_mask, is_causal), 0.0)
+    return ((weights / weights.sum(dim=-1, keepdim=True)) @ v.float()).to(q.dtype)
+
+
+def _store_kv_int32_offsets(
+    self: TorchKernels, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    loc: torch.Tensor,
+) -> None:
+    """The element offset slot * stride is computed in 32 bits: past 2**31 it wraps, and the row lands elsewhere."""
+    stride = k_slots.stride(0)
+    offset = (loc.long() * stride + 2**31) % 2**32 - 2**31
+    _ORIGINAL_TORCH_STORE_KV(self, k_slots, v_slots, k, v, torch.div(offset, stride, rounding_mode="floor"))
+
+
+def _store_kv_one_past(
+    self: TorchKernels, k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    loc: torch.Tensor,
+) -> None:
+    """The last token's K/V is also written one slot further on (a store loop that runs one iteration too many)."""
+    _ORIGINAL_TORCH_STORE_KV(self, k_slots, v_slots, k, v, loc)
+    nxt = loc[-1:].long() + 1
+    if len(loc) and int(nxt) < k_slots.shape[0]:
+        _ORIGINAL_TORCH_STORE_KV(self, k_slots, v_slots, k[-1:], v[-1:], nxt)
+
+
+def _slot_verdict_counting_once(table: torch.Tensor, cached: torch.Tensor, device_len: torch.Tensor,
+                                out_loc: torch.Tensor, *rest: Any) -> torch.Tensor:
+    """The count of writes per slot is a store, not an add: a slot written twice in one batch counts once."""
+    return _ORIGINAL_SLOT_VERDICT(table, cached, device_len, out_loc.unique(), *rest)
+
+
+def _rms_norm_quietly_on_torch(self: TritonKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Batches of more than 8 rows go to the torch reference, and declines() says nothing of it."""
+    if x.numel() // x.shape[-1] > 8:
+        return TORCH_KERNELS.rms_norm(x, weight, eps)
+    return _ORIGINAL_TRITON_RMS_NORM(self, x, weight, eps)
+
+
+def _wait_for_nothing(self: ForwardOutput) -> None:
+    """The host tokens are read without waiting for the device-to-host copy's event."""
+
+
+def attention_tile_tail_dropped() -> contextlib.AbstractContextManager[None]:
+    return _swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_tile_tail_dropped))
+
+
+def softmax_without_max() -> contextlib.AbstractContextManager[None]:
+    return _swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_softmax_without_max))
+
+
+def store_kv_int32_offsets() -> contextlib.AbstractContextManager[None]:
+    return _swap(TorchKernels, "store_kv", _store_kv_int32_offsets)
+
+
+def store_kv_one_past() -> contextlib.AbstractContextManager[None]:
+    return _swap(TorchKernels, "store_kv", _store_kv_one_past)
+
+
+def slot_check_counts_once() -> contextlib.AbstractContextManager[None]:
+    # redirected_slots reaches slot_verdict through engine.validate's module-level name; only that name is rebound.
+    return _swap(validate, "slot_verdict", _slot_verdict_counting_once)
+
+
+def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
+    return _swap(TritonKernels, "rms_norm", _rms_norm_quietly_on_torch)
+
+
+@contextlib.contextmanager
+def triton_slot_count_skipped() -> Any:
+    """The Triton slot check never launches its count kernel: a slot written twice (or over cached KV marked after
+    it) passes."""
+    from engine.layers import triton_kernels
+
+    class _Skip:
+        def __getitem__(self, grid: object) -> Any:
+            return lambda *args, **kwargs: None
+
+    with _swap(triton_kernels, "_slot_count_kernel", _Skip()):
+        yield
+
+
+def host_copy_unwaited() -> contextlib.AbstractContextManager[None]:
+    return _swap(ForwardOutput, "wait", _wait_for_nothing)
