@@ -23,7 +23,8 @@ slow data generation for strategies drawn inside the test, and the CI machine is
 Examples are pinned: Hypothesis also draws constants it finds in the loaded local modules (engine/, oracle/,
 a plugin), so which modules a run imported, and any edit to them, would move the derandomized examples; the plugin
 restricts it to its own fixed constants (:func:`pin_hypothesis_constants`). Each test call also runs inside a
-vacuity tally (:mod:`oracle.coverage`): a passing test whose examples too rarely exercised their case fails.
+vacuity tally (:mod:`oracle.coverage`): a passing test whose examples too rarely exercised the cases its ``@floors``
+declare fails; the shares are a report section (``-rP``).
 
 Threads: unless OMP_NUM_THREADS is set, the session runs torch single-threaded (and the engine, which leaves the
 thread count alone when OMP_NUM_THREADS is set, follows): on a loaded 2-core machine every OpenMP barrier can wait a
@@ -107,6 +108,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     with coverage.tally() as observed:
         result = yield
+    if observed.shares:  # shown with -rP: how often each declared case was exercised
+        item.add_report_section("call", "vacuity floors", "\n".join(observed.lines()))
     shortfalls = observed.shortfalls()
     if shortfalls:
         pytest.fail("too many vacuous examples (oracle.coverage):\n  " + "\n  ".join(shortfalls), pytrace=False)

@@ -26,14 +26,17 @@ from hypothesis import strategies as st
 from engine.driver import PageLayout, StaticDriver
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, run_requests
 from oracle.strategies import batches, requests, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
 
+SHARED = "the target shares a forward pass with a batch-mate"
+
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({SHARED: 0.9})
 def test_tokens_do_not_depend_on_batch_mates(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
@@ -67,7 +70,7 @@ def test_tokens_do_not_depend_on_batch_mates(
         shared |= target_uid in produced and len(produced) > 1
         step += 1
     batched = driver.result(target_uid)
-    exercised("the target shares a forward pass with a batch-mate", shared, floor=0.9)
+    exercised(SHARED, shared)
 
     tol = logit_tolerance(engine.dtype)
     result = compare_greedy(batched.output_ids, batched.logits, solo.output_ids, solo.logits, tol)

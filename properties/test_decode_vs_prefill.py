@@ -25,15 +25,19 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import batches, layouts, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
 
+DECODE_READS_DECODE = "a decode step reads KV an earlier decode step wrote"
+MIXED_LENGTHS = "requests of different lengths decode in one batch"
+
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({DECODE_READS_DECODE: 0.9, MIXED_LENGTHS: 0.6})
 def test_decode_matches_teacher_forced_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
@@ -42,9 +46,9 @@ def test_decode_matches_teacher_forced_prefill(
     # 2+ requests with 2+ decode steps each: decode reads KV of earlier decode steps, in batches of mixed lengths.
     params = sampling_params(TINY_VOCAB, max_tokens=st.integers(3, 16))
     specs = data.draw(batches(TINY_VOCAB, 4, 48, layout.page_size, params, min_size=2), label="requests")
-    exercised("a decode step reads KV an earlier decode step wrote", any(s.params.max_tokens > 2 for s in specs), 0.9)
+    exercised(DECODE_READS_DECODE, any(s.params.max_tokens > 2 for s in specs))
     lengths = {len(s.prompt) for s in specs}
-    exercised("requests of different lengths decode in one batch", len(lengths) > 1, floor=0.6)
+    exercised(MIXED_LENGTHS, len(lengths) > 1)
     engine = engines.get(tiny_models[arch], layout.page_size)
     gens = run_requests(engine, specs, layout, sampler_seed=data.draw(seeds, label="sampler_seed"))
     tol = logit_tolerance(engine.dtype)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from engine.attention.flashinfer_backend import flashinfer_installed
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, run_requests
 from oracle.strategies import batches, layouts, sampling_params
 
@@ -63,9 +63,12 @@ def gpu_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineFor]
     for engine in engines.values():
         engine.shutdown()
 
+EXTENDED = "a prefill extends a cached prefix (cached_len > 0)"
+
 
 @settings(max_examples=examples(0.4))
 @given(data=st.data())
+@floors({EXTENDED: 0.8})
 def test_flashinfer_paged_attention_matches_hf(data: st.DataObject, gpu_engines: EngineFor) -> None:
     from tests.gpu.gpu_support import check_against_hf64
 
@@ -73,7 +76,7 @@ def test_flashinfer_paged_attention_matches_hf(data: st.DataObject, gpu_engines:
     layout = data.draw(layouts(TINY_VOCAB, page_sizes=PAGE_SIZES), label="layout")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, greedy, split=True, min_chunks=2), label="requests")
-    exercised("a prefill extends a cached prefix (cached_len > 0)", any(len(s.chunk_sizes) > 1 for s in specs), 0.8)
+    exercised(EXTENDED, any(len(s.chunk_sizes) > 1 for s in specs))
     model, engine = gpu_engines(name, layout.page_size)
     assert engine.attn_backend.name == "flashinfer" and engine.graph_runner.enabled
     for i, gen in enumerate(run_requests(engine, specs, layout)):

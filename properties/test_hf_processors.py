@@ -38,7 +38,7 @@ from transformers.generation.logits_process import (
 
 from engine import SamplingParams
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.sampler import reference_distribution
 from oracle.strategies import HUGE_TEMPERATURES, filter_params, logits_rows, tie_heavy_rows
 
@@ -95,17 +95,24 @@ def rows_and_params(draw: st.DrawFn) -> tuple[torch.Tensor, SamplingParams]:
     return row, draw(filter_params(vocab), label="params")
 
 
+TIE = "tie in float32 probability at a top-k or top-p cut"
+HUGE = "huge temperature (>= 1e4)"
+UNORDERED = "HF's top-p sort left ties out of index order"
+FLIPS = "another rounding flips a decision (at an ambiguous token)"
+
+
 @settings(max_examples=examples(5.0), deadline=None)
 @given(rows_and_params())
+@floors({TIE: 0.3, HUGE: 0.15, UNORDERED: 0.02})
 def test_oracle_is_transformers_warpers(case: tuple[torch.Tensor, SamplingParams]) -> None:
     row, params = case
     ref = reference_distribution(row, params)
     scores, in_index_order = run_warpers(row, hf_warpers(params))
     hf_probs = torch.softmax(scores.double(), dim=-1)
     tempered = row / float(params.temperature)
-    exercised("tie in float32 probability at a top-k or top-p cut", bool(ref.prob_ties.any()), 0.3)
-    exercised("huge temperature (>= 1e4)", params.temperature >= min(HUGE_TEMPERATURES), 0.15)
-    exercised("HF's top-p sort left ties out of index order", not in_index_order, 0.02)
+    exercised(TIE, bool(ref.prob_ties.any()))
+    exercised(HUGE, params.temperature >= min(HUGE_TEMPERATURES))
+    exercised(UNORDERED, not in_index_order)
     wrong = unexplained(hf_probs > 0, ref.support, tempered, in_index_order, torch.zeros_like(ref.support))
     assert not wrong.any(), f"{params}: support differs from HF's at tokens {wrong.nonzero().flatten().tolist()}"
     for value in tempered.unique():
@@ -117,6 +124,7 @@ def test_oracle_is_transformers_warpers(case: tuple[torch.Tensor, SamplingParams
 
 @settings(max_examples=examples(5.0), deadline=None)
 @given(rows_and_params())
+@floors({FLIPS: 0.02})
 def test_other_rounding_changes_only_ambiguous_tokens(case: tuple[torch.Tensor, SamplingParams]) -> None:
     row, params = case
     ref = reference_distribution(row, params)
@@ -131,4 +139,4 @@ def test_other_rounding_changes_only_ambiguous_tokens(case: tuple[torch.Tensor, 
         flips |= bool((support != ref.support).any())
         wrong = unexplained(support, ref.support, row / float(params.temperature), in_index_order, ref.ambiguous)
         assert not wrong.any(), f"{params}, {name}: support flips outside ambiguous at {wrong.nonzero().tolist()}"
-    exercised("another rounding flips a decision (at an ambiguous token)", flips, 0.02)
+    exercised(FLIPS, flips)

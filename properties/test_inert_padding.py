@@ -31,7 +31,7 @@ from engine import Engine
 from engine.graph import GraphRunner
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, kv_slot_view, place
 from oracle.strategies import RequestSpec, batches, sampling_params, seeds
 from oracle.tolerance import logit_tolerance
@@ -67,9 +67,12 @@ def fill(view: torch.Tensor, slots: torch.Tensor, seed: int) -> torch.Tensor:
     view[:, :, slots] = values
     return values
 
+PADDED = "the decode batch is padded with dummy rows"
+
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({PADDED: 0.9})
 def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
     engine, page_size = draw_engine(data, tiny_models, engines)
     max_req = engine.config.max_running_req
@@ -79,7 +82,7 @@ def test_dummy_rows_are_inert(data: st.DataObject, tiny_models: dict[str, Path],
     sizes = [b for b in runner.bs_list if b > len(specs)] if runner.enabled else range(len(specs) + 1, max_req + 1)
     pad_to = data.draw(st.sampled_from(list(sizes)), label="pad_to")
     seed = data.draw(seeds, label="sentinel_seed")
-    exercised("the decode batch is padded with dummy rows", pad_to > len(specs), floor=0.9)
+    exercised(PADDED, pad_to > len(specs))
     view = kv_slot_view(engine)
     dummy_slots = torch.arange(engine.num_pages * page_size, (engine.num_pages + 1) * page_size, device=view.device)
     assert engine.kv_cache.dummy_page == engine.num_pages

@@ -23,13 +23,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_placed
 from oracle.strategies import batches, layouts, sampling_params, seeds
+
+MOVED = "the second layout places the KV on other pages than the first"
 
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({MOVED: 0.9})
 def test_logits_do_not_depend_on_page_layout(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
@@ -47,7 +50,7 @@ def test_logits_do_not_depend_on_page_layout(
         for layout in (first, second)
     )
     moved = (first.page_size, slots_a) != (second.page_size, slots_b)
-    exercised("the second layout places the KV on other pages than the first", moved, floor=0.9)
+    exercised(MOVED, moved)
     for i, (a, b) in enumerate(zip(gens_a, gens_b)):
         assert a.output_ids == b.output_ids, f"request {i}: tokens differ: {a.output_ids} vs {b.output_ids}"
         for step, (row_a, row_b) in enumerate(zip(a.logits, b.logits)):

@@ -31,17 +31,19 @@ from hypothesis import strategies as st
 from engine import Engine
 from oracle.budget import examples
 from oracle.checks import assert_logits_close
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_ARCHS, TINY_VOCAB, EnginePool, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import RequestSpec, batches, sampling_params
 from oracle.tolerance import logit_tolerance, logits_error
 
+SEVERAL = "a prefill batch of several requests, one with 2+ prompt tokens"
+
 
 def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec], same_dtype: HFOracle | None = None) -> None:
     """same_dtype: HF at the engine's dtype, whose own error against ref is allowed on top of the tolerance."""
     several = len(specs) > 1 and max(len(s.prompt) for s in specs) > 1
-    exercised("a prefill batch of several requests, one with 2+ prompt tokens", several, floor=0.8)
+    exercised(SEVERAL, several)
     tol = logit_tolerance(engine.dtype)
     for i, (spec, gen) in enumerate(zip(specs, run_requests(engine, specs))):
         expected = ref.prefill_logits(spec.prompt)
@@ -52,6 +54,7 @@ def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec], same_
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({SEVERAL: 0.8})
 def test_prefill_logits_match_hf_tiny(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
@@ -71,6 +74,7 @@ def test_prefill_logits_match_hf_tiny(
 @pytest.mark.model
 @settings(max_examples=examples(0.12))
 @given(data=st.data())
+@floors({SEVERAL: 0.8})
 def test_prefill_logits_match_hf_smollm2(
     data: st.DataObject, smollm2: Path, engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:

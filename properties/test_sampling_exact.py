@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from engine import Batch, Req, SamplingParams
 from oracle.budget import examples
 from oracle.checks import FLOAT32_FLOOR, check_filtered_distribution
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.sampler import reference_distribution
 from oracle.strategies import filter_order_cases, filter_params, logits_rows, seeds, tie_heavy_rows
 from oracle.target import Target
@@ -86,8 +86,14 @@ def _class3_exposed(row: torch.Tensor, params: SamplingParams, others: list[Samp
     return bool(((probs > FLOAT32_FLOOR) & (probs < TAIL_RESOLUTION)).any())
 
 
+CLASS_3 = "batch with a light-tailed row without top-p next to a top-p row (class 3)"
+CLASS_1 = "batch with a filter-order case (class 1)"
+TIES = "batch with a sampled row with tied float32 probabilities at a cut"
+
+
 @settings(max_examples=examples(2.0), deadline=None)
 @given(batch=batches(), sampler_seed=seeds)
+@floors({CLASS_3: 0.8, CLASS_1: 0.9, TIES: 0.25})
 def test_filtered_distribution_is_the_reference(
     batch: tuple[torch.Tensor, list[SamplingParams], list[bool]], sampler_seed: int, target: Target
 ) -> None:
@@ -98,14 +104,10 @@ def test_filtered_distribution_is_the_reference(
     on_probs = sampler.draws_with_flashinfer(args)
     distributions = sampler.row_distributions(logits.to(sampler.device), args).cpu()
     refs = [reference_distribution(logits[r], p) for r, p in enumerate(params)]
-    exercised(
-        "batch with a light-tailed row without top-p next to a top-p row (class 3)",
-        any(_class3_exposed(logits[r], p, params) for r, p in enumerate(params)),
-        0.8,
-    )
-    exercised("batch with a filter-order case (class 1)", any(order_cases), 0.9)
+    exercised(CLASS_3, any(_class3_exposed(logits[r], p, params) for r, p in enumerate(params)))
+    exercised(CLASS_1, any(order_cases))
     ties = any(bool(ref.prob_ties.any()) for ref, p in zip(refs, params) if p.temperature > 0)
-    exercised("batch with a sampled row with tied float32 probabilities at a cut", ties, 0.25)
+    exercised(TIES, ties)
     for r, (p, ref) in enumerate(zip(params, refs)):
         failure = check_filtered_distribution(distributions[r], ref, on_probs)
         assert failure is None, f"row {r} of {len(params)} ({p}, logits {logits[r].tolist()}): {failure}"

@@ -59,7 +59,7 @@ from engine import CapacityError, Engine
 from engine.driver import LayoutKind, PageLayout, RequestState, StaticDriver
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, check_forced_greedy
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
 from oracle.sampler import reference_distribution
@@ -102,6 +102,10 @@ def expected_finish(seq: RequestState, eos: frozenset[int]) -> str | None:
     if seq.output_ids and seq.output_ids[-1] in eos and not params.ignore_eos:
         return "eos"
     return None
+
+
+ON_EOS = "scheduler machine: a request finished on EOS"
+UNMAPPED = "scheduler machine: an abort with part of the reservation unmapped"
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -279,6 +283,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     allowed = bool(ref_dist.support[token] or ref_dist.ambiguous[token])
                     assert allowed, f"request {uid} step {k}: sampled token {token} is outside the support"
 
+    @floors({ON_EOS: 0.4, UNMAPPED: 0.2})  # teardown ends every run: one example each
     def teardown(self) -> None:
         if not hasattr(self, "driver"):
             return
@@ -290,8 +295,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.requests_finish_for_their_reason()
         self.tokens_match_oracle()
         reasons = {seq.finish_reason for seq in self.driver.finished.values()}
-        exercised("scheduler machine: a request finished on EOS", "eos" in reasons, 0.4)
-        exercised("scheduler machine: an abort with part of the reservation unmapped", self.aborted_unmapped, 0.2)
+        exercised(ON_EOS, "eos" in reasons)
+        exercised(UNMAPPED, self.aborted_unmapped)
         self.tally.update(f"finished {seq.finish_reason}" for seq in self.driver.finished.values())
         self.tally["runs finishing on EOS"] += "eos" in reasons
         self.tally["runs aborting with an unmapped reservation"] += self.aborted_unmapped

@@ -24,14 +24,17 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.checks import assert_logits_close, compare_greedy
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.strategies import RequestSpec, batches, layouts, sampling_params
 from oracle.tolerance import logit_tolerance
 
+EXTENDED = "a prefill extends a cached prefix (cached_len > 0)"
+
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({EXTENDED: 0.9})
 def test_split_prefill_matches_single_prefill(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool
 ) -> None:
@@ -42,7 +45,7 @@ def test_split_prefill_matches_single_prefill(
     budget = data.draw(st.none() | st.integers(1, 24), label="max_prefill_tokens")
     # A prompt cut into chunks, or longer than the per-step budget, is prefilled over several steps.
     extended = any(len(s.chunk_sizes) > 1 or (budget is not None and len(s.prompt) > budget) for s in specs)
-    exercised("a prefill extends a cached prefix (cached_len > 0)", extended, floor=0.9)
+    exercised(EXTENDED, extended)
     engine = engines.get(tiny_models[arch], layout.page_size)
     split = run_requests(engine, specs, layout, max_prefill_tokens=budget)
     single = run_requests(engine, [RequestSpec(s.prompt, s.params) for s in specs])

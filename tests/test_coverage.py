@@ -9,33 +9,80 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from oracle.coverage import FLOORS_ENV, MIN_OBSERVATIONS, Tally, exercised, tally
+from oracle.coverage import FLOORS_ENV, MIN_EXAMPLES, Tally, exercised, floors, tally
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_shortfall_is_reported_only_below_the_floor_and_with_enough_observations() -> None:
+def ran(n: int) -> Tally:
+    """A tally of n examples of a test declaring five floors, each observed in its own way."""
     t = Tally()
-    for i in range(MIN_OBSERVATIONS):
-        t.add("batch-mate", i < MIN_OBSERVATIONS - 2, 0.9)  # 80% < 90%
-        t.add("extend", i < MIN_OBSERVATIONS - 1, 0.9)  # 90% holds
-    t.add("rare", False, 0.5)  # one observation: not judged
-    assert t.shortfalls() == [f"batch-mate: {MIN_OBSERVATIONS - 2}/{MIN_OBSERVATIONS} = 80% of observations, floor 90%"]
+    t.declare({"batch-mate": 0.9, "extend": 0.9, "per row": 0.5, "sometimes": 0.6, "never": 0.1})
+    for i in range(n):
+        with t.example():
+            t.record("batch-mate", i < MIN_EXAMPLES - 2)  # 80% < 90%
+            t.record("extend", i < MIN_EXAMPLES - 1)  # 90% holds
+            for row in range(3):  # more observations than examples: judged over the observations
+                t.record("per row", row == 0 or i == 0)
+            if i % 2:  # observed in half the examples, always a hit: the other half count as misses
+                t.record("sometimes", True)
+    return t
+
+
+def test_a_floor_is_judged_over_every_example_and_only_from_min_examples() -> None:
+    assert ran(MIN_EXAMPLES - 1).shortfalls() == [], "fewer examples than MIN_EXAMPLES are not judged"
+    n = MIN_EXAMPLES
+    assert ran(n).shortfalls() == [
+        f"batch-mate: {n - 2}/{n} = 80% of observations, floor 90%",
+        f"per row: {n + 2}/{3 * n} = 40% of observations, floor 50%",
+        f"sometimes: {n // 2}/{n} = 50% of examples ({n // 2} observed), floor 60%",
+        f"never: 0/{n} = 0% of examples (0 observed), floor 10%",
+    ]
+
+
+def test_an_example_that_raises_leaves_no_observation() -> None:
+    t = Tally()
+    t.declare({"x": 0.5})
+    with pytest.raises(RuntimeError), t.example():
+        t.record("x", False)
+        raise RuntimeError("an assume() that failed, say")
+    assert (t.examples, t.shares["x"].observations) == (0, 0)
 
 
 def test_floors_off_records_without_judging(monkeypatch: pytest.MonkeyPatch) -> None:
-    t = Tally()
-    for _ in range(MIN_OBSERVATIONS):
-        t.add("never", False, 0.5)
+    t = ran(MIN_EXAMPLES)
+    assert t.shortfalls()
     monkeypatch.setenv(FLOORS_ENV, "off")
-    assert t.shortfalls() == [] and t.shares["never"].total == MIN_OBSERVATIONS
+    assert t.shortfalls() == [] and t.examples == MIN_EXAMPLES
 
 
-def test_a_label_keeps_one_floor() -> None:
-    with tally(), pytest.raises(ValueError, match="floors"):
-        exercised("x", True, 0.5)
-        exercised("x", True, 0.6)
+def test_a_label_keeps_one_floor_and_must_be_declared() -> None:
+    with pytest.raises(ValueError, match="share"):
+        floors({"x": 1.5})
+    t = Tally()
+    t.declare({"x": 0.5})
+    with pytest.raises(ValueError, match="floors 0.5 and 0.6"):
+        t.declare({"x": 0.6})
+    with tally(), pytest.raises(ValueError, match="not declared"):
+        exercised("y", True)
+
+
+@settings(max_examples=3 * MIN_EXAMPLES, derandomize=True, database=None)
+@given(st.integers(0, 10**6))
+@floors({"a huge n is even": 0.5})
+def never_meets_its_precondition(n: int) -> None:
+    if n > 10**6:  # a precondition no example meets: the label is never recorded
+        exercised("a huge n is even", n % 2 == 0)
+
+
+def test_a_declared_label_never_recorded_fails_its_floor() -> None:
+    with tally() as t:
+        never_meets_its_precondition()
+    assert t.examples == 3 * MIN_EXAMPLES
+    assert t.shortfalls() == [f"a huge n is even: 0/{t.examples} = 0% of examples (0 observed), floor 50%"]
 
 
 def run_pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -49,18 +96,45 @@ def run_pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedPro
 
 VACUOUS = """
 from hypothesis import given, strategies as st
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 
-@given(st.integers(0, 9))
+@given(st.integers(0, 10**6))
+@floors({"n ends in 9": 0.5, "a huge n": 0.1})
 def test_mostly_vacuous(n):
-    exercised("n is 9", n == 9, floor=0.5)
+    exercised("n ends in 9", n % 10 == 9)
+    if n > 10**6:
+        exercised("a huge n", True)
 """
 
 
 def test_a_passing_test_with_too_many_vacuous_examples_fails(tmp_path: Path) -> None:
     proc = run_pytest(tmp_path, VACUOUS)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "too many vacuous examples" in proc.stdout and "n is 9:" in proc.stdout
+    assert "too many vacuous examples" in proc.stdout and "n ends in 9:" in proc.stdout
+    failure = proc.stdout.split("too many vacuous examples")[1].split("Captured vacuity floors")[0]
+    assert "a huge n: 0/25 = 0% of examples (0 observed)" in failure, proc.stdout
+
+
+GREEDY_ONLY = """
+import pytest
+from oracle import strategies
+
+def greedy(vocab_size, greedy=None, seeded=None, max_tokens=None):
+    return strategies.sampling_params(vocab_size, greedy=True, seeded=seeded, max_tokens=max_tokens)
+
+def pytest_collection_modifyitems(items):
+    for item in items:  # the property's module imported sampling_params by name: patch its copy
+        item.module.sampling_params = greedy
+"""
+
+
+def test_the_sampling_property_fails_when_its_strategies_draw_only_greedy_rows(tmp_path: Path) -> None:
+    (tmp_path / "greedy_only.py").write_text(GREEDY_ONLY)
+    prop = REPO / "properties" / "test_sampling_distribution.py"
+    proc = run_pytest(tmp_path, "", "-p", "greedy_only", f"{prop}::test_sampler_matches_reference_on_synthetic_logits")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "too many vacuous examples" in proc.stdout, proc.stdout
+    assert "sampled rows, each with a testable chi-square (>= 2 buckets): 0/" in proc.stdout, proc.stdout
 
 
 DRAWS = """
