@@ -9,23 +9,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.ops import attention
 from oracle.ops.bench import Bench
 
 pytestmark = pytest.mark.kernel
 
 
-def _floors(case: attention.AttnCase) -> None:
-    exercised("attention: a sequence past 64 tokens", max(case.lengths) > 64, 0.3)
-    exercised("attention: a sequence past 256 tokens", max(case.lengths) > 256, 0.1)
-    exercised("attention: scores past float32's exp overflow", case.score_max > 88.8, 0.2)
+PAST_64 = "attention: a sequence past 64 tokens"
+PAST_256 = "attention: a sequence past 256 tokens"
+OVERFLOW = "attention: scores past float32's exp overflow"
 
 
 @pytest.mark.parametrize("phase", ["prefill", "extend", "decode"])
 @settings(max_examples=examples(1.0))
 @given(data=st.data())
+@floors({PAST_64: 0.3, PAST_256: 0.1, OVERFLOW: 0.2})
 def test_attention(phase: str, data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(attention.attn_cases(op_bench.target.page_sizes, phase), label="case")
-    _floors(case)
+    exercised(PAST_64, max(case.lengths) > 64)
+    exercised(PAST_256, max(case.lengths) > 256)
+    exercised(OVERFLOW, case.score_max > 88.8)
     attention.check_attention(op_bench, case)

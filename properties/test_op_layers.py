@@ -10,18 +10,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.ops import layers
 from oracle.ops.bench import Bench
 
 pytestmark = pytest.mark.kernel
 
 
+ODD_WIDTH = "rms_norm: a width off every power of two"
+WITH_NORM = "norm_rope: with a q/k norm"
+ONE_ROW = "linear: a single row (the GEMV's case)"
+BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
+
+
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
+@floors({ODD_WIDTH: 0.5})
 def test_rms_norm(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_cases(op_bench.dtype), label="case")
-    exercised("rms_norm: a width off every power of two", case.x.shape[1] & (case.x.shape[1] - 1) != 0, 0.5)
+    exercised(ODD_WIDTH, case.x.shape[1] & (case.x.shape[1] - 1) != 0)
     layers.check_rms_norm(op_bench, case)
 
 
@@ -33,9 +40,10 @@ def test_add_rms_norm(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
+@floors({WITH_NORM: 0.2})
 def test_norm_rope(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.rope_cases(op_bench.dtype, op_bench.target.head_dim), label="case")
-    exercised("norm_rope: with a q/k norm", case.norm_weight is not None, 0.2)
+    exercised(WITH_NORM, case.norm_weight is not None)
     layers.check_norm_rope(op_bench, case)
 
 
@@ -47,17 +55,18 @@ def test_silu_and_mul(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
+@floors({ONE_ROW: 0.2})
 def test_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
-    exercised("linear: a single row (the GEMV's case)", case.x.shape[0] == 1, 0.2)
+    exercised(ONE_ROW, case.x.shape[0] == 1)
     layers.check_linear(op_bench, case)
 
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
+@floors({BIG: 0.1})
 def test_store_kv(data: st.DataObject, op_bench: Bench) -> None:
     big_ok = layers.big_pools_fit(op_bench.device)
     case = data.draw(layers.store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
-    if big_ok:
-        exercised("store_kv: slots past 2**31 elements", case.big, 0.1)
+    exercised(BIG, case.big or not big_ok)
     layers.check_store_kv(op_bench, case)

@@ -10,29 +10,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.budget import examples
-from oracle.coverage import exercised
+from oracle.coverage import exercised, floors
 from oracle.ops import step
 from oracle.ops.bench import Bench
 
 pytestmark = pytest.mark.kernel
 
 
+TIE = "greedy_step: a tie at the max"
+NOTHING = "greedy_step: a row with nothing to choose"
+REFUSED = "slot_check: a batch the rules refuse"
+ACCEPTED = "slot_check: a batch the rules accept"
+TWICE = "slot_check: a slot written twice"
+
+
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
+@floors({TIE: 0.3, NOTHING: 0.3})
 def test_greedy_step(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(step.greedy_cases(), label="case")
-    exercised("greedy_step: a tie at the max", "tie" in case.kinds, 0.3)
-    exercised("greedy_step: a row with nothing to choose", bool({"nan", "posinf", "all_neginf"} & set(case.kinds)),
-              0.3)
+    exercised(TIE, "tie" in case.kinds)
+    exercised(NOTHING, bool({"nan", "posinf", "all_neginf"} & set(case.kinds)))
     step.check_greedy_step(op_bench, case)
 
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
+@floors({REFUSED: 0.25, ACCEPTED: 0.2, TWICE: 0.05})
 def test_slot_check(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(step.slot_cases(op_bench.target.page_sizes), label="case")
     refused = step.expected_slots(case)[2]
-    exercised("slot_check: a batch the rules refuse", refused, 0.25)
-    exercised("slot_check: a batch the rules accept", not refused, 0.2)
-    exercised("slot_check: a slot written twice", case.fault == "duplicate" and refused, 0.05)
+    exercised(REFUSED, refused)
+    exercised(ACCEPTED, not refused)
+    exercised(TWICE, case.fault == "duplicate" and refused)
     step.check_slot_check(op_bench, case)

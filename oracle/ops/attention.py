@@ -36,7 +36,7 @@ GROUPS = (1, 2, 3, 4)  # query heads per kv head (3: not a power of two)
 
 @dataclass(frozen=True)
 class AttnCase:
-    phase: str  # "prefill" (cached_len 0 or an extend) or "decode"
+    phase: str  # "prefill" (cached_len 0), "extend" (cached_len > 0, several new tokens) or "decode"
     cached: tuple[int, ...]
     lengths: tuple[int, ...]  # device_len of each request
     page_size: int
@@ -69,7 +69,7 @@ def attn_cases(draw: st.DrawFn, page_sizes: tuple[int, ...], phase: str | None =
         else:
             cached.append(0 if phase == "prefill" else length - 1)
     return AttnCase(
-        "decode" if phase == "decode" else "prefill", tuple(cached), tuple(lengths), ps,
+        phase, tuple(cached), tuple(lengths), ps,
         draw(st.sampled_from((1, 2))), draw(st.sampled_from(GROUPS)), draw(score_maxima()),
         draw(seeds), draw(gaps),
     )
