@@ -20,6 +20,7 @@ measure of what that dtype can do: an engine row may be ``YARDSTICK_RATIO`` time
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -69,3 +70,9 @@ def logits_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
     if actual.shape != reference.shape:
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
     return float((actual.double() - reference.double()).abs().max())
+
+
+FLOAT32_EXP_OVERFLOW = math.log(torch.finfo(torch.float32).max)
+"""exp(x) is inf in float32 above this (about 88.72): a softmax that exponentiates attention scores without first
+subtracting each row's max turns a row holding such a score into NaN. The large-magnitude check of verify builds a
+model whose largest scores lie past it, and checks that they do."""
