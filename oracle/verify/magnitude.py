@@ -1,6 +1,7 @@
 """The large-magnitude section of verify: a variant of the model whose last layer's queries and keys are scaled so
-that its largest attention score before softmax (measured by HF float64 on the long prompt) becomes LARGE_SCORE,
-past float32's exp overflow (oracle.tolerance.FLOAT32_EXP_OVERFLOW). Only the last layer: scores of ~100 make
+that the largest attention score before softmax of the prompt's last query (measured by HF float64 on the long
+prompt) becomes LARGE_SCORE, past float32's exp overflow (oracle.tolerance.FLOAT32_EXP_OVERFLOW). The last query:
+in the last layer only the row the logits come from reaches the output. Only the last layer: scores of ~100 make
 attention nearly one-hot, and in every layer of a deep model (SmolLM2's 30) float32 rounding then picks other keys
 than float64 and the logits drift by whole units; one layer shows an overflow all the same. The variant is a copy of the
 weights in a temporary dir that the engine and HF both load, so both compute the same model: the scale goes into
@@ -33,7 +34,7 @@ from ..tolerance import FLOAT32_EXP_OVERFLOW, logits_error
 from .result import Check
 
 LARGE_SCORE = 100.0
-"""The largest pre-softmax score of the variant's last layer."""
+"""The largest pre-softmax score of the prompt's last query in the variant's last layer."""
 NEW_TOKENS = 4  # decode steps read the large-score KV too
 SECTION = "large magnitude"
 _RECORDER = "hfparity_score_peaks"
@@ -44,22 +45,18 @@ _PEAKS: ContextVar[dict[int, float] | None] = ContextVar("hfparity_score_peaks",
 
 def _recording_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """HF's SDPA attention, after recording the layer's largest causal score q·k * scaling into _PEAKS."""
+    """HF's SDPA attention, after recording the layer's largest score q·k * scaling of the last query into _PEAKS."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     peaks = _PEAKS.get()
     if peaks is not None:
         keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-        scores = query @ keys.transpose(-1, -2) * kwargs["scaling"]
-        q_len, k_len = scores.shape[-2:]
-        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).tril(k_len - q_len)
-        peak = float(scores.masked_fill(~visible, -math.inf).amax())
-        peaks[module.layer_idx] = max(peaks.get(module.layer_idx, -math.inf), peak)
+        peaks[module.layer_idx] = float((query[..., -1:, :] @ keys.transpose(-1, -2)).amax() * kwargs["scaling"])
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 def score_peaks(model: Any, tokens: Sequence[int]) -> list[float]:
-    """Each layer's largest pre-softmax attention score (causal pairs only) of an HF model on one sequence."""
+    """Each layer's largest pre-softmax attention score of the last query of an HF model on one sequence."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import sdpa_mask
 
