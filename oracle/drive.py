@@ -5,6 +5,11 @@ session. Each run gets a fresh StaticDriver, so no schedule state carries over. 
 is never read: a request attends only to slots [0, device_len) of its own page-table row, and writes each of them
 (store_kv runs before the gather in every layer) before any read. Stale KV is in fact part of what is tested: runs
 reuse pages that earlier examples and churn requests filled.
+
+Long sequences: a minority of the examples add one long request (add_long_request: a prompt at a kernel tile or page
+edge past 64 tokens, half the time past 256) and run on engines of LONG_SEQ_LEN; the others keep the small engines
+of MAX_SEQ_LEN, so the suite's cost grows only by those examples. record_lengths holds the share that really passes
+64 and 256 tokens to a vacuity floor.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from hypothesis import strategies as st
 from engine import Engine, ForwardOutput, Req, SamplingParams
 from engine.core import Phase
 from engine.driver import Generation, StaticDriver
-from oracle.strategies import LayoutSpec, RequestSpec
+from oracle.coverage import exercised
+from oracle.strategies import LayoutSpec, RequestSpec, long_requests
 from oracle.target import Target
 from oracle.zoo import TINY_ARCHS, tiny_config
 
@@ -28,10 +34,14 @@ __all__ = [
     "MAX_SEQ_LEN",
     "TINY_ARCHS",
     "TINY_VOCAB",
+    "LONG_PROMPT_LEN",
+    "LONG_SEQ_LEN",
     "EnginePool",
+    "add_long_request",
     "continuous_archs",
     "kv_slot_view",
     "place",
+    "record_lengths",
     "row_slots",
     "run_churn",
     "run_placed",
@@ -42,7 +52,13 @@ TINY_VOCAB = tiny_config(TINY_ARCHS[0]).vocab_size
 """Vocabulary of oracle.zoo's tiny models (the same for every architecture)."""
 
 MAX_SEQ_LEN = 96
-"""Sequence capacity of every pooled engine: prompts (<= 64) plus new tokens (<= 16) fit."""
+"""Sequence capacity of the pooled engines by default: prompts (<= 64) plus new tokens (<= 16) fit."""
+
+LONG_PROMPT_LEN = 321
+"""The longest long prompt: one past five 64-token tiles (and past 256)."""
+
+LONG_SEQ_LEN = 352
+"""Sequence capacity of the engines that run a long request: LONG_PROMPT_LEN plus 16 new tokens, in whole pages."""
 
 
 def continuous_archs(target: Target) -> tuple[str, ...]:
@@ -67,6 +83,7 @@ class EngineKey:
     dtype: str
     max_running_req: int
     num_pages: int
+    max_seq_len: int
 
 
 class EnginePool:
@@ -83,11 +100,12 @@ class EnginePool:
         dtype: str | None = None,
         max_running_req: int = 8,
         num_pages: int | None = None,
+        max_seq_len: int = MAX_SEQ_LEN,
     ) -> Engine:
-        """dtype defaults to the target's; num_pages to a full block of MAX_SEQ_LEN slots per page-table row (see
-        place())."""
-        pages = num_pages if num_pages is not None else max_running_req * -(-MAX_SEQ_LEN // page_size)
-        key = EngineKey(str(model), page_size, dtype or self.target.dtype, max_running_req, pages)
+        """dtype defaults to the target's; num_pages to a full block of max_seq_len slots per page-table row (see
+        place(), which needs the default max_seq_len)."""
+        pages = num_pages if num_pages is not None else max_running_req * -(-max_seq_len // page_size)
+        key = EngineKey(str(model), page_size, dtype or self.target.dtype, max_running_req, pages, max_seq_len)
         if key not in self._engines:
             self._engines[key] = Engine(
                 self.target.engine_config(
@@ -95,7 +113,7 @@ class EnginePool:
                     dtype=key.dtype,
                     page_size=page_size,
                     max_running_req=max_running_req,
-                    max_seq_len_override=MAX_SEQ_LEN,
+                    max_seq_len_override=max_seq_len,
                     num_page_override=pages,
                 ),
                 sampler_seed=0,  # runs reseed it from drawn data; never a random seed, even where one forgets
@@ -118,6 +136,40 @@ def draw_engine(data: st.DataObject, tiny_models: Mapping[str, Path], engines: E
     arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     page_size = data.draw(st.sampled_from(engines.target.page_sizes), label="page_size")
     return engines.get(tiny_models[arch], page_size), page_size
+
+
+def add_long_request(
+    data: st.DataObject,
+    specs: Sequence[RequestSpec],
+    page_size: int,
+    params: st.SearchStrategy[SamplingParams],
+    split: bool = False,
+    min_chunks: int = 1,
+) -> tuple[list[RequestSpec], int]:
+    """In a minority of examples (about 40% under `ci`), one long request (strategies.long_requests, prompt <=
+    LONG_PROMPT_LEN) at a drawn place in the batch; returns the batch and the max_seq_len its engine needs
+    (LONG_SEQ_LEN or MAX_SEQ_LEN)."""
+    # booleans, not sampled_from((False, False, True)): Hypothesis favours a list's first element, so the share of
+    # long examples swung from 4% to 30% between properties; a boolean lands near 40% in each.
+    if not data.draw(st.booleans(), label="long"):
+        return list(specs), MAX_SEQ_LEN
+    long = long_requests(TINY_VOCAB, LONG_PROMPT_LEN, page_size, params, split, min_chunks)
+    spec = data.draw(long, label="long_request")
+    at = data.draw(st.integers(0, len(specs)), label="long_at")
+    return [*specs[:at], spec, *specs[at:]], LONG_SEQ_LEN
+
+
+PAST_TILE = "a sequence passes one 64-token kernel tile"
+PAST_256 = "a sequence passes 256 tokens"
+LENGTH_FLOORS = {PAST_TILE: 0.15, PAST_256: 0.05}
+"""The floors record_lengths judges: a property that calls it declares them (@floors({..., **LENGTH_FLOORS}))."""
+
+
+def record_lengths(specs: Sequence[RequestSpec]) -> None:
+    """Record the LENGTH_FLOORS labels for the longest sequence of a batch (prompt and new tokens)."""
+    longest = max(len(s.prompt) + s.params.max_tokens for s in specs)
+    exercised(PAST_TILE, longest > 64)
+    exercised(PAST_256, longest > 256)
 
 
 def run_churn(driver: StaticDriver, churn: Sequence[tuple[Sequence[int], bool]]) -> None:

@@ -10,6 +10,9 @@ still hits them:
 * temperature {0, 1e-5, 0.7, 1, 50}; top_k {-1, 1, 2, vocab, vocab + 1}; top_p {1, 1e-6, 0.5}; min_p {0, 0.3, 1};
   for the exact checks also huge (1e4..1e30) and tiny (1e-30..1e-5) temperatures;
 * prompt lengths k·page_size - 1, k·page_size, k·page_size + 1;
+* long prompts at kernel tile boundaries (``boundary_lengths``: each side of 32 and of every multiple of 64, i.e.
+  32, 64, 128, 192, 256, ... ± 1, where a kernel that drops a partial tile goes wrong) and of page edges;
+  ``long_requests`` draws one such request past 64 tokens, half the time past 256, for a minority of examples;
 * page_size {1, 2, 4, 8, 16}; contiguous, shuffled and interleaved pages; pages freed by earlier requests (finished
   or aborted) and reused;
 * prefill split into 1..4 chunks (or at least 2, where a property is about extends);
@@ -117,6 +120,32 @@ def prompt_lengths(max_len: int, page_size: int = 1, min_len: int = 1) -> st.Sea
     return st.one_of(st.sampled_from(edges), lengths) if edges else lengths
 
 
+TILE = 64
+"""The common attention kernel tile (BLOCK_N); half of it (32) is a common BLOCK_M. A sequence just past a multiple
+of either leaves a partial tile."""
+
+
+def boundary_edges(max_len: int, page_size: int = 1, min_len: int = 1) -> tuple[list[int], list[int]]:
+    """(tile edges, page edges) in min_len..max_len: b - 1, b, b + 1 for b = 32 and every multiple of 64, and the
+    same around every multiple of page_size (none for page_size 1, where every length is a page edge)."""
+    tiles = {TILE // 2, *range(TILE, max_len + 2, TILE)}
+    pages = set(range(page_size, max_len + 2, page_size)) if page_size > 1 else set()
+
+    def around(bounds: set[int]) -> list[int]:
+        return sorted({b + d for b in bounds for d in (-1, 0, 1)} & set(range(min_len, max_len + 1)))
+
+    return around(tiles), around(pages)
+
+
+def boundary_lengths(max_len: int, page_size: int = 1, min_len: int = 1) -> st.SearchStrategy[int]:
+    """Lengths in min_len..max_len on each side of a kernel tile boundary or of a page edge (boundary_edges), half
+    of the draws from each list where both have some."""
+    tiles, pages = boundary_edges(max_len, page_size, min_len)
+    if not tiles and not pages:
+        raise ValueError(f"no tile or page edge in {min_len}..{max_len} (page_size {page_size})")
+    return st.one_of(*(st.sampled_from(edges) for edges in (tiles, pages) if edges))
+
+
 @st.composite
 def prompts(draw: st.DrawFn, vocab_size: int, max_len: int, page_size: int = 1, min_len: int = 1) -> list[int]:
     n = draw(prompt_lengths(max_len, page_size, min_len))
@@ -158,6 +187,27 @@ def requests(
     prompt = draw(prompts(vocab_size, max_prompt_len, page_size, min_chunks if split else 1))
     p = draw(params if params is not None else sampling_params(vocab_size, greedy=True))
     chunks = draw(prefix_splits(len(prompt), min_chunks=min_chunks)) if split else ()
+    return RequestSpec(tuple(prompt), p, chunks)
+
+
+@st.composite
+def long_requests(
+    draw: st.DrawFn,
+    vocab_size: int,
+    max_prompt_len: int,
+    page_size: int = 1,
+    params: st.SearchStrategy[SamplingParams] | None = None,
+    split: bool = False,
+    min_chunks: int = 1,
+) -> RequestSpec:
+    """A request (as requests()) whose prompt sits at a tile or page edge next to or past 64 tokens, or, half the
+    time, next to or past 256 (where max_prompt_len allows: at least 257). The prompt's tokens come from a drawn
+    seed: Hypothesis takes ~50 ms to draw 300 tokens one by one, more than the engine and HF take to run them."""
+    past = draw(st.sampled_from((64, 256) if max_prompt_len > 256 else (64,)))
+    n = draw(boundary_lengths(max_prompt_len, page_size, min_len=past - 1))
+    prompt = torch.randint(vocab_size, (n,), generator=torch.Generator().manual_seed(draw(seeds))).tolist()
+    p = draw(params if params is not None else sampling_params(vocab_size, greedy=True))
+    chunks = draw(prefix_splits(n, min_chunks=min_chunks)) if split else ()
     return RequestSpec(tuple(prompt), p, chunks)
 
 

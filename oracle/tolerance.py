@@ -20,6 +20,7 @@ measure of what that dtype can do: an engine row may be ``YARDSTICK_RATIO`` time
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +123,9 @@ def attention_bound(max_abs_v: torch.Tensor, score_magnitude: torch.Tensor, kv_l
 KERNEL_ULPS = 1
 """A kernel that keeps HF's rounding steps and only reorders a float32 reduction (a norm's sum of squares, an exp)
 lands within one ulp of HF's result; the torch reference, which runs HF's own ops, is held to 0 (bitwise)."""
+
+
+FLOAT32_EXP_OVERFLOW = math.log(torch.finfo(torch.float32).max)
+"""exp(x) is inf in float32 above this (about 88.72): a softmax that exponentiates attention scores without first
+subtracting each row's max turns a row holding such a score into NaN. The large-magnitude check of verify builds a
+model whose largest scores lie past it, and checks that they do."""

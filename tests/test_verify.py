@@ -1,22 +1,26 @@
 """python -m oracle verify: it passes on a correct engine, writes a report CI can read (JSON schema 1, markdown,
 JUnit), reports bad usage in one line with exit 2 before any engine is built, records an engine error with exit 3,
-checks the target asked for (plugins included), and fails when a mutant is active (the harness catches real bugs)."""
+checks the target asked for (plugins included), and fails when a mutant is active (the harness catches real bugs):
+among them an attention that drops a partial last tile (only the long prompt's checks fail) and a softmax without
+max subtraction (only the large-magnitude section fails)."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from engine import EngineError, ModelLoadError
-from engine.attention import TorchAttnBackend
+from engine.attention import TorchAttnBackend, torch_backend
 from engine.engine import Engine
 from engine.sample import Sampler
 from oracle import __version__
@@ -35,7 +39,8 @@ from oracle.verify import (
     sampling_cases,
     verify,
 )
-from oracle.verify.plan import describe
+from oracle.verify.magnitude import LARGE_SCORE
+from oracle.verify.plan import LONG_PROMPT_TOKENS, describe
 from oracle.verify.report import summary_lines
 
 SECTIONS = {
@@ -45,8 +50,10 @@ SECTIONS = {
     "split prefill ≡ prefill",
     "seeded sampling",
     "bf16 norms",
+    "large magnitude",
     "sampling",
 }
+LONG = f"{LONG_PROMPT_TOKENS} random ids"  # the long prompt's label on the tiny models, which have no tokenizer
 CHECK_FIELDS = {"name", "section", "value", "limit", "passes_when", "status", "detail"}
 
 
@@ -70,6 +77,11 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     # every chi-square has two buckets or more: none is a trivial pass, none is left not-tested
     assert all(c["status"] == "pass" for c in data["checks"]), [c for c in data["checks"] if c["status"] != "pass"]
     assert data["counts"] == {"pass": len(data["checks"]), "fail": 0, "not-tested": 0, "error": 0}
+    long_sections = {c["section"] for c in data["checks"] if c["name"].startswith(LONG)}
+    assert {"greedy parity", "logit error", "decode ≡ prefill", "split prefill ≡ prefill"} <= long_sections
+    large = {c["name"]: c for c in data["checks"] if c["section"] == "large magnitude"}
+    assert large["largest attention score past float32 exp overflow"]["value"] >= LARGE_SCORE - 1e-3
+    assert large[f"logit error, {LONG}"]["value"] <= large[f"logit error, {LONG}"]["limit"]
     markdown = (tmp_path / "verify-tiny-qwen3.md").read_text()
     assert "**PASS**" in markdown and "](verify-tiny-qwen3.png)" in markdown
     assert (tmp_path / "verify-tiny-qwen3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -272,7 +284,7 @@ def test_verify_checks_the_example_plugin_and_catches_its_bug(
     if bug is None:
         assert not failed
     else:
-        assert "logit error" in failed and failed <= {"greedy parity", "logit error"}, failed
+        assert "logit error" in failed and failed <= {"greedy parity", "logit error", "large magnitude"}, failed
 
 
 def test_top_p_mutant_fails_the_chi_square_and_plots_the_failing_case(tiny_models: dict[str, Path]) -> None:
@@ -295,6 +307,49 @@ def test_a_greedy_failure_names_the_first_and_worst_position(tiny_models: dict[s
     assert "first at position" in detail and "worst at position" in detail, detail
     assert "engine   : [" in detail and "HF argmax: [" in detail, detail
     assert all("worst at position" in c.detail for c in result.section("logit error"))
+
+
+def _hand_sdpa(subtract_max: bool, drop_partial_tile: bool) -> Callable[..., torch.Tensor]:
+    """SDPA written out, with a planted bug: exp of the raw scores (no max subtraction: inf past float32's
+    ~88.7), or the keys of a partial last 64-key tile left out once there are more than 64."""
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+             is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        q_len, kv_len = scores.shape[-2:]
+        keep = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len if is_causal else kv_len)
+        if attn_mask is not None:
+            keep = keep & attn_mask
+        if drop_partial_tile:
+            keep = keep & (torch.arange(kv_len) < max(64, kv_len // 64 * 64))
+        scores = scores.masked_fill(~keep, -math.inf)
+        weights = (scores - scores.amax(-1, keepdim=True) if subtract_max else scores).exp()
+        return (weights / weights.sum(-1, keepdim=True)) @ v
+
+    return sdpa
+
+
+@pytest.mark.parametrize(
+    ("bug", "caught_by"),
+    [("no max subtraction", "large magnitude"), ("partial tile dropped", LONG)],
+)
+def test_long_and_large_magnitude_checks_catch_what_short_prompts_miss(
+    bug: str, caught_by: str, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sdpa = _hand_sdpa(subtract_max=bug != "no max subtraction", drop_partial_tile=bug == "partial tile dropped")
+    monkeypatch.setattr(torch_backend, "F", SimpleNamespace(scaled_dot_product_attention=sdpa))
+    result = verify(tiny_models["qwen3"], quick=True)
+    failed = [c for c in result.checks if c.status != "pass"]
+    assert failed and not result.passed
+    if caught_by == "large magnitude":
+        assert {c.section for c in failed} == {"large magnitude"}, failed
+        (check,) = failed
+        assert check.name.startswith("logit error") and "not finite" in check.detail, check
+    else:  # every short prompt still passes: they never pass 64 tokens
+        assert all(c.name.startswith(LONG) or c.section == "large magnitude" for c in failed), failed
+        assert any(c.section == "greedy parity" or c.section == "logit error" for c in failed), failed
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])

@@ -137,7 +137,10 @@ def check_attention(bench: Bench, case: AttnCase) -> None:
         pages = order[r * pages_per_row : (r + 1) * pages_per_row]
         table[r] = (pages[:, None] * ps + torch.arange(ps)).flatten()
     k_slots, v_slots = pool.k_slots(0), pool.v_slots(0)
-    new_k, new_v, positions, out_loc = [], [], [], []
+    new_k: list[torch.Tensor] = []
+    new_v: list[torch.Tensor] = []
+    positions: list[int] = []
+    out_loc: list[int] = []
     for i, (cached, length) in enumerate(zip(case.cached, case.lengths)):
         start = sum(case.lengths[:i])
         slots = table[i, :length].long().to(dev)

@@ -31,8 +31,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, max_positions: 
     cast to x's dtype) through apply_rotary_pos_emb."""
     tokens, heads, head_dim = x.shape
     config = LlamaConfig(
-        hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim, rope_theta=theta,
-        max_position_embeddings=max_positions,
+        hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim,
+        rope_parameters={"rope_type": "default", "rope_theta": theta}, max_position_embeddings=max_positions,
     )
     rotary = LlamaRotaryEmbedding(config).to(x.device)
     q = x.transpose(0, 1).unsqueeze(0)  # [1, heads, tokens, head_dim], HF's layout

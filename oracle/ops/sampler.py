@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
-from engine.sample import Sampler
+from engine.sample import BatchSamplingArgs, Sampler
 
 from ..checks import check_filtered_distribution
 from ..sampler import reference_distribution
@@ -29,14 +29,14 @@ SEED_VOCAB = 32768
 SEED_POSITIONS = 3
 
 
-def _args(sampler: Sampler, params: list[SamplingParams], positions: list[int]) -> object:
+def _args(sampler: Sampler, params: list[SamplingParams], positions: list[int]) -> BatchSamplingArgs:
     reqs = [Req([0] * pos, i, pos - 1, 1, i, p) for i, (p, pos) in enumerate(zip(params, positions))]
     return sampler.prepare(Batch(reqs, "decode"))
 
 
-def _declared(bench: Bench, sampler: Sampler, args: object) -> tuple[str, str | None]:
+def _declared(bench: Bench, sampler: Sampler, args: BatchSamplingArgs) -> tuple[str, str | None]:
     name = str(bench.target.resolved("sampler"))
-    if sampler.use_flashinfer and not sampler.draws_with_flashinfer(args):  # type: ignore[arg-type]
+    if sampler.use_flashinfer and not sampler.draws_with_flashinfer(args):
         return label("sampler", name), "batches with a seeded row draw on the torch path"
     return label("sampler", name), None
 
@@ -63,7 +63,7 @@ def check_sampler_probs(bench: Bench, case: ProbsCase) -> None:
     args = _args(sampler, list(case.params), [1] * len(case.params))
     expected, declared = _declared(bench, sampler, args)
     got = bench.traced("sampler probs", expected, declared,
-                       lambda: sampler.row_distributions(case.logits.to(sampler.device), args))  # type: ignore[arg-type]
+                       lambda: sampler.row_distributions(case.logits.to(sampler.device), args))
     for r, p in enumerate(case.params):
         if p.temperature == 0.0:
             continue
@@ -99,13 +99,15 @@ def check_seeded_draws(bench: Bench, case: SeedCase) -> None:
 
     def draws(seed: int, mates: int) -> list[int]:
         out = []
+        params = [SamplingParams(temperature=1.0, seed=s) for s in [None] * mates + [seed]]
         for step in range(SEED_POSITIONS):
-            params = [SamplingParams(temperature=1.0, seed=s) for s in [None] * mates + [seed]]
             args = _args(sampler, params, [case.position + step] * len(params))
             expected, declared = _declared(bench, sampler, args)
-            tokens = bench.traced("sampler seeded draw", expected, declared,
-                                  lambda a=args, n=len(params): sampler.sample(flat.expand(n, -1), a))  # type: ignore
-            out.append(int(tokens[-1]))
+
+            def draw(a: BatchSamplingArgs = args) -> torch.Tensor:
+                return sampler.sample(flat.expand(len(params), -1), a)
+
+            out.append(int(bench.traced("sampler seeded draw", expected, declared, draw)[-1]))
         return out
 
     alone, behind, other = draws(case.seed, 0), draws(case.seed, case.mates), draws(case.other, 0)

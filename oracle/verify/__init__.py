@@ -1,7 +1,8 @@
 """``python -m oracle verify --model DIR``: the engine against HF on one model dir, for the chosen target — greedy
 parity and logit error against HF float64, decode ≡ prefill, split prefill ≡ prefill, seeded sampling, bitwise bf16
-RMSNorm (:mod:`.sections`) and chi-square / support tests of the target's sampler over a grid of sampling params
-(:mod:`.statistics`), planned by :mod:`.plan`, collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
+RMSNorm (:mod:`.sections`), attention scores past float32's exp overflow (:mod:`.magnitude`) and chi-square /
+support tests of the target's sampler over a grid of sampling params (:mod:`.statistics`), planned by :mod:`.plan`
+(short prompts and a long one), collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..environment import Environment, environment
 from ..hf import HFOracle
 from ..stats import FAMILY_ALPHA, AlphaBudget
 from ..target import Target, from_env
+from .magnitude import check_large_magnitude
 from .plan import FULL, QUICK, Plan, load_tokenizer, make_prompts, steps_of, text_decoder, token_labeler
 from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult
 from .sections import (
@@ -90,7 +92,7 @@ def verify(
     target = (target or from_env()).require()
     model = Path(model)
     plan = QUICK if quick else FULL
-    engine = build_engine(target, model, rows=plan.prompts, seed=seed)
+    engine = build_engine(target, model, rows=plan.prompts + 1, seed=seed)  # + 1: the long prompt
     try:
         step("engine loaded")
         tokenizer = load_tokenizer(model)
@@ -125,6 +127,11 @@ def verify(
             stage = "bf16 norms"
             result.checks += check_bf16_norms(model, seed, target, hf_bf16)
             step("bf16 norms")
+            stage = "large magnitude"
+            result.checks += check_large_magnitude(
+                target, model, prompts[-1], labels[-1], hf, lambda variant: build_engine(target, variant, 1, seed)
+            )
+            step("large magnitude")
             stage = "sampling"
             # Each prompt's own row first; the later steps' rows serve where those leave one chi-square bucket.
             later = [

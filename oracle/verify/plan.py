@@ -1,5 +1,6 @@
 """What one verify run covers: the full and quick plans (prompts, tokens, draws, the fixed sampling grid), the
-prompt set and how prompts and tokens are shown."""
+prompt set and how prompts and tokens are shown. Every plan ends its prompts with a long one (LONG_PROMPT_TOKENS:
+past 256 and one past five 64-token kernel tiles), which the large-magnitude section also runs."""
 
 from __future__ import annotations
 
@@ -22,7 +23,18 @@ PROMPTS = (
 )
 RANDOM_PROMPT_LENGTHS = (5, 12, 23, 31, 40, 47)  # page_size 4: on, before and after page boundaries
 PAGE_SIZE = 4
-MAX_SEQ_LEN = 128
+LONG_PROMPT_TOKENS = 321  # past 256, and one past 5 x 64: a kernel that drops a partial last tile shows
+# Text of our own for the long prompt, encoded and repeated until it holds LONG_PROMPT_TOKENS tokens.
+LONG_TEXT = (
+    "The lighthouse keeper wrote in his log every evening. He noted the wind, the height of the waves, the ships "
+    "that passed the point and the ones that did not. In spring the fog came in from the sea and stayed for days, "
+    "and he kept the lamp burning from noon to morning. In summer the children from the village rowed out to the "
+    "rocks to look for crabs, and he counted the boats as they went and as they came back. In autumn the storms "
+    "arrived, one after another, and the log filled with numbers: pressure falling, gusts rising, a mast seen "
+    "broken on the horizon. In winter the island was quiet. He repaired the stairs, painted the railings, read "
+    "the old logs of the keepers before him and compared their winters with his own."
+)
+MAX_SEQ_LEN = 384  # the long prompt plus a plan's new tokens, in whole pages
 BOUNDARY_CASES = 2  # sampling cases every plan adds on the filter boundaries (statistics.boundary_cases)
 
 
@@ -71,9 +83,9 @@ QUICK = Plan(
 
 
 def steps_of(plan: Plan) -> int:
-    """Progress units verify() reports: 2 loads, generation, one per prompt, prefill consistency, seeds, norms,
-    and one per sampling case."""
-    return 6 + plan.prompts + plan.sampling_cases
+    """Progress units verify() reports: 2 loads, generation, one per prompt and one for the long prompt, prefill
+    consistency, seeds, norms, large magnitude, and one per sampling case."""
+    return 8 + plan.prompts + plan.sampling_cases
 
 
 def describe(params: SamplingParams) -> str:
@@ -98,12 +110,16 @@ def load_tokenizer(model: Path) -> Any | None:
 
 
 def make_prompts(tokenizer: Any | None, count: int, vocab: int, seed: int) -> tuple[list[list[int]], list[str]]:
-    """Token ids and display labels: the tokenizer's encoding of PROMPTS, or seeded random ids without one."""
+    """Token ids and display labels of `count` prompts and the long one (last): the tokenizer's encoding of PROMPTS
+    and of LONG_TEXT (cut at LONG_PROMPT_TOKENS), or seeded random ids without a tokenizer."""
     if tokenizer is not None:
         texts = PROMPTS[:count]
-        return [list(tokenizer.encode(t)) for t in texts], [repr(t) for t in texts]
+        text_ids = list(tokenizer.encode(LONG_TEXT))
+        long = (text_ids * -(-LONG_PROMPT_TOKENS // len(text_ids)))[:LONG_PROMPT_TOKENS]
+        labels = [repr(t) for t in texts] + [f"long text ({LONG_PROMPT_TOKENS} tokens)"]
+        return [list(tokenizer.encode(t)) for t in texts] + [long], labels
     gen = torch.Generator().manual_seed(seed)
-    lengths = RANDOM_PROMPT_LENGTHS[:count]
+    lengths = (*RANDOM_PROMPT_LENGTHS[:count], LONG_PROMPT_TOKENS)
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
     return prompts, [f"{n} random ids" for n in lengths]
 
