@@ -60,6 +60,7 @@ _FUZZ = "properties/test_fuzz_invalid.py"
 _BAD_INPUT = "tests/test_bad_input.py"
 _BAD_DRIVER = "tests/test_bad_driver.py"
 _OVERLAP = "tests/test_overlap.py"
+_EOS = "properties/test_eos_parity.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -435,6 +436,17 @@ MUTANTS: dict[str, Mutant] = {
             c.failed_pass_successor_kept,
             (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
             (f"{_OVERLAP}::test_a_failed_pass_undoes_the_one_started_after_it",),
+        ),
+        # ---- stop tokens ----
+        Mutant(
+            "eos_from_config_only",
+            "the stop set is config.json's eos_token_id alone: generation_config.json's list (HF generate's) is "
+            "ignored, so a request runs on past an EOS id only that file names",
+            "vllm-project/vllm#4180 and #4182 (Llama 3 Instruct ran past <|eot_id|>, listed only in "
+            "generation_config.json), turboderp-org/exllamav2#449, huggingface/text-generation-inference#2678",
+            c.eos_from_config_only,
+            (_EOS,),
+            (_EOS,),
         ),
     )
 }
