@@ -11,8 +11,9 @@ tolerated near-tie mismatch the continuations part ways, so the comparison stops
 the finish reason must be equal: "eos" where HF stopped before max_tokens, else "length" (the engine reports a
 request that reached max_tokens as "length", whatever its last token).
 
-Vacuity floor: 40% of examples hold a request that ends on an EOS id only generation_config.json lists (about
-half do under `ci`: batches of 2..4 requests; the two models whose files agree never can).
+Vacuity floor: 30% of examples hold a request that ends on an EOS id only generation_config.json lists. Measured
+shares: 70-92% on cpu-fp32 (ci and ci-random runs), 25-63% on cpu-bf16 at head_dim 64, whose wider models wander
+more before they loop; requests run 8..16 tokens, four in five examples draw a model whose files disagree.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
 from oracle.hf import HFOracle
 from oracle.strategies import RequestSpec, batches, high_biased_integers, layouts, sampling_params
 from oracle.tolerance import logit_tolerance
+from oracle.zoo import EXTRA_EOS_ARCHS
 
 GENERATION_ONLY_EOS = "a request ends on an EOS id that only generation_config.json lists"
 
@@ -63,13 +65,16 @@ def check_eos_finish(ref: HFOracle, spec: RequestSpec, gen: Generation, tol_dtyp
 def test_eos_finishes_match_hf(
     data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, oracle: Callable[..., HFOracle]
 ) -> None:
-    arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
+    archs = continuous_archs(engines.target)
+    # Four in five examples on a model whose files disagree; the others on any model, those that agree included.
+    differing = [arch for arch in archs if arch in EXTRA_EOS_ARCHS]
+    arch = data.draw(st.sampled_from(differing) | st.sampled_from(archs), label="arch")
     layout = data.draw(layouts(TINY_VOCAB, engines.target.page_sizes), label="layout")
-    greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=high_biased_integers(2, 12))
+    greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=high_biased_integers(8, 16))
     honouring = greedy.map(lambda p: replace(p, ignore_eos=False))
     specs = data.draw(batches(TINY_VOCAB, 4, 40, layout.page_size, honouring, min_size=2), label="requests")
     engine = engines.get(tiny_models[arch], layout.page_size)
     gens = run_requests(engine, specs, layout)
     ref = oracle(tiny_models[arch])
     ended = [check_eos_finish(ref, s, g, engine.dtype) for s, g in zip(specs, gens)]
-    exercised(GENERATION_ONLY_EOS, any(ended), floor=0.4)
+    exercised(GENERATION_ONLY_EOS, any(ended), floor=0.3)

@@ -72,13 +72,13 @@ def test_tiny_is_deterministic(arch: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", zoo.TINY_ARCHS)
 def test_tiny_generation_config_lists_extra_eos_ids(arch: str, tiny_root: Path) -> None:
-    """config.json names EOS 1 everywhere; generation_config.json adds five ids in EXTRA_EOS_ARCHS, HF loads them."""
+    """config.json names EOS 1 everywhere; generation_config.json adds eight ids in EXTRA_EOS_ARCHS, HF loads them."""
     path = zoo.tiny_model_dir(arch, tiny_root)
     eos = _load(path).generation_config.eos_token_id
     if arch not in zoo.EXTRA_EOS_ARCHS:
         assert eos == 1
         return
-    assert isinstance(eos, list) and eos[0] == 1 and len(set(eos)) == 6, eos
+    assert isinstance(eos, list) and eos[0] == 1 and len(set(eos)) == 9, eos
     assert all(isinstance(i, int) and 0 <= i < 512 for i in eos), eos
 
 

@@ -45,7 +45,7 @@ _TINY_COMMON: Final[dict[str, Any]] = {
 
 # Models whose generation_config.json lists more EOS ids than config.json, and how many more.
 EXTRA_EOS_ARCHS: Final = ("qwen2", "llama", "llama_gqa3")
-_EXTRA_EOS: Final = 5
+_EXTRA_EOS: Final = 8
 # The probe that picks them: this many random prompts of this length, decoded greedily for this many steps.
 _PROBE_PROMPTS: Final = 64
 _PROBE_LEN: Final = 16
