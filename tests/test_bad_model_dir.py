@@ -1,9 +1,11 @@
-"""The bad-model-directory catalogue: every broken config.json, index, shard or tensor makes the Engine constructor
-raise ModelLoadError naming the key, file or tensor, and leaves the process as it was (oracle.rejection's contract:
-the torch thread count, and a valid generation on an engine already built, bitwise equal before and after).
+"""The bad-model-directory catalogue: every broken config.json, generation_config.json, index, shard or tensor makes
+the Engine constructor raise ModelLoadError naming the key, file or tensor, and leaves the process as it was
+(oracle.rejection's contract: the torch thread count, and a valid generation on an engine already built, bitwise
+equal before and after).
 
 Sharded cases split the tiny qwen3's tensors into two files with a ``model.safetensors.index.json``, as HF's
-save_pretrained does for large models; the valid cases check that such a checkpoint loads exactly the same weights.
+save_pretrained does for large models; the valid cases check that such a checkpoint loads exactly the same weights,
+and that the EOS ids the engine stops on are the ones transformers loads for HF's generate.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import Engine, EngineConfig, ModelLoadError
-from engine.models import supported_architectures
+from engine import Engine, EngineConfig, ModelLoadError, SamplingParams
+from engine.driver import StaticDriver
+from engine.models import ModelConfig, supported_architectures
 from oracle.rejection import expect, witness
 
 INDEX = "model.safetensors.index.json"
@@ -220,6 +223,59 @@ CONFIG_CASES: list[Case] = [
     _bad_value("eos_token_id", True),
     _bad_value("eos_token_id", [1, "2"]),
     _bad_value("eos_token_id", [[1]]),
+    _bad_value("eos_token_id", 512),  # the tiny vocabulary is 0..511
+    _bad_value("eos_token_id", 2**64),
+    ("config.json not UTF-8", lambda d: (d / "config.json").write_bytes(b'{"vocab_size": "\xff"}'),
+     ("config.json", "not UTF-8")),
+]
+
+
+# ---- generation_config.json ----------------------------------------------------------------------------------
+GEN = "generation_config.json"
+
+
+def _gen_text(text: str | bytes) -> Breakage:
+    data = text.encode() if isinstance(text, str) else text
+    return lambda d: (d / GEN).write_bytes(data)
+
+
+def _bad_gen_eos(value: Any) -> Case:
+    """generation_config.json with eos_token_id=value: rejected, naming the file, the key and the value."""
+    return f"{GEN} eos_token_id={value!r}", _gen_text(json.dumps({"eos_token_id": value})), (
+        f"{GEN}: eos_token_id={value!r} is invalid",
+    )
+
+
+def _gen_a_directory(d: Path) -> None:
+    (d / GEN).unlink()
+    (d / GEN).mkdir()
+
+
+def _gen_a_dangling_link(d: Path) -> None:
+    (d / GEN).unlink()
+    (d / GEN).symlink_to(d / "no-such-file.json")
+
+
+GENERATION_CONFIG_CASES: list[Case] = [
+    (f"{GEN} not JSON", _gen_text("{oops"), (GEN, "not valid JSON")),
+    (f"{GEN} not UTF-8", _gen_text(b'{"eos_token_id": "\xff"}'), (GEN, "not UTF-8")),
+    (f"{GEN} a list", _gen_text("[1]"), (GEN, "JSON object", "list")),
+    (f"{GEN} a string", _gen_text('"eos"'), (GEN, "JSON object", "str")),
+    (f"{GEN} a directory", _gen_a_directory, (GEN, "not a regular file")),
+    (f"{GEN} a dangling link", _gen_a_dangling_link, (GEN, "not a regular file")),
+    _bad_gen_eos(-1),
+    _bad_gen_eos([1, -2]),
+    _bad_gen_eos("1"),
+    _bad_gen_eos(["1"]),
+    _bad_gen_eos(1.0),
+    _bad_gen_eos([1, 2.5]),
+    _bad_gen_eos(True),
+    _bad_gen_eos([1, False]),
+    _bad_gen_eos([[1]]),
+    _bad_gen_eos({"id": 1}),
+    _bad_gen_eos(512),
+    _bad_gen_eos(2**64),
+    _bad_gen_eos([1, 10**30]),
 ]
 
 
@@ -357,7 +413,7 @@ DTYPE_CASES: list[Case] = [
      (V1, SHARDS[1], "torch.int32")),
 ]
 
-BROKEN = MODEL_DIR_CASES + CONFIG_CASES + INDEX_CASES + DUPLICATE_CASES + DTYPE_CASES
+BROKEN = MODEL_DIR_CASES + CONFIG_CASES + GENERATION_CONFIG_CASES + INDEX_CASES + DUPLICATE_CASES + DTYPE_CASES
 
 
 @pytest.mark.parametrize("name,breakage,needles", BROKEN, ids=[c[0] for c in BROKEN])
@@ -436,3 +492,57 @@ def test_valid_config_spellings_load(good: Engine, qwen3: Path, tmp_path: Path, 
     model = _copy(qwen3, tmp_path)
     edit(model)
     assert_loads_like(good, model)
+
+
+# ---- EOS ids: the ones HF's generate stops on ------------------------------------------------------------------
+def _write_gen(**fields: Any) -> Breakage:
+    return _gen_text(json.dumps({"bos_token_id": 0, **fields}))
+
+
+EOS_SOURCES: list[tuple[str, Breakage, tuple[int, ...]]] = [
+    ("files agree", lambda d: None, (1,)),
+    ("generation config lists more", _write_gen(eos_token_id=[1, 7, 300]), (1, 7, 300)),
+    ("generation config names another id", _write_gen(eos_token_id=7), (7,)),
+    ("generation config without the key: no EOS", _write_gen(), ()),
+    ("generation config null: no EOS", _write_gen(eos_token_id=None), ()),
+    ("generation config empty list: no EOS", _write_gen(eos_token_id=[]), ()),
+    ("no generation config: config.json's", lambda d: (d / GEN).unlink(), (1,)),
+    ("no generation config, a list in config.json",
+     lambda d: ((d / GEN).unlink(), _edit_config(eos_token_id=[1, 9])(d)), (1, 9)),
+    ("no generation config, none in config.json",
+     lambda d: ((d / GEN).unlink(), _drop_config_key(d, "eos_token_id")), ()),
+]
+
+
+@pytest.mark.parametrize("name,edit,want", EOS_SOURCES, ids=[c[0] for c in EOS_SOURCES])
+def test_eos_ids_are_the_ones_hf_generate_stops_on(
+    qwen3: Path, tmp_path: Path, name: str, edit: Breakage, want: tuple[int, ...]
+) -> None:
+    """generation_config.json's eos_token_id wins whenever the file exists (even unset: HF then never stops on
+    EOS), config.json's only without it; transformers' own loader is the judge."""
+    from transformers import AutoModelForCausalLM
+
+    model = _copy(qwen3, tmp_path)
+    edit(model)
+    hf_eos = AutoModelForCausalLM.from_pretrained(model).generation_config.eos_token_id
+    hf_ids = () if hf_eos is None else tuple(hf_eos) if isinstance(hf_eos, list) else (hf_eos,)
+    assert hf_ids == want, f"transformers loads {hf_eos!r}: the case's expectation is stale"
+    assert ModelConfig.from_dir(model).eos_token_ids == want
+
+
+def test_the_driver_stops_on_an_eos_id_only_generation_config_lists(qwen3: Path, tmp_path: Path) -> None:
+    model = _copy(qwen3, tmp_path)
+    eng = Engine(_config(model))
+    try:
+        [free] = StaticDriver(eng).generate([[5, 6, 7]], SamplingParams(max_tokens=4))
+    finally:
+        eng.shutdown()
+    first = free.output_ids[0]
+    assert first != 1 and free.finish_reason == "length", "the tiny qwen3 must not stop on its own here"
+    _write_gen(eos_token_id=[1, first])(model)
+    eng = Engine(_config(model))
+    try:
+        [stopped] = StaticDriver(eng).generate([[5, 6, 7]], SamplingParams(max_tokens=4))
+    finally:
+        eng.shutdown()
+    assert (stopped.output_ids, stopped.finish_reason) == ([first], "eos")

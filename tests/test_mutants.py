@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 
 import engine.engine as engine_module
+import engine.models.config as model_config_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.triton_backend import TritonAttnBackend
@@ -45,6 +46,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     TritonAttnBackend,
     flashinfer_backend,
     engine_module,
+    model_config_module,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {"gemv_gate_unactivated"}

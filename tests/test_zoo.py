@@ -66,8 +66,20 @@ def test_tiny_logits_finite_and_not_flat(arch: str, tiny_root: Path) -> None:
 def test_tiny_is_deterministic(arch: str, tmp_path: Path) -> None:
     a = zoo.tiny_model_dir(arch, tmp_path / "a")
     b = zoo.tiny_model_dir(arch, tmp_path / "b")
-    for name in ("model.safetensors", "config.json"):
+    for name in ("model.safetensors", "config.json", "generation_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("arch", zoo.TINY_ARCHS)
+def test_tiny_generation_config_lists_extra_eos_ids(arch: str, tiny_root: Path) -> None:
+    """config.json names EOS 1 everywhere; generation_config.json adds eight ids in EXTRA_EOS_ARCHS, HF loads them."""
+    path = zoo.tiny_model_dir(arch, tiny_root)
+    eos = _load(path).generation_config.eos_token_id
+    if arch not in zoo.EXTRA_EOS_ARCHS:
+        assert eos == 1
+        return
+    assert isinstance(eos, list) and eos[0] == 1 and len(set(eos)) == 9, eos
+    assert all(isinstance(i, int) and 0 <= i < 512 for i in eos), eos
 
 
 @pytest.mark.parametrize("arch", zoo.TINY_ARCHS)
@@ -76,7 +88,7 @@ def test_tiny_head_dim_64_is_deterministic_and_loads(arch: str, tmp_path: Path) 
     b = zoo.tiny_model_dir(arch, tmp_path / "b", head_dim=64)
     assert a == tmp_path / "a" / f"tiny-{arch}-hd64"
     assert zoo.is_complete(a)
-    for name in ("model.safetensors", "config.json"):
+    for name in ("model.safetensors", "config.json", "generation_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     cfg = AutoConfig.from_pretrained(a)
     assert cfg.head_dim == 64

@@ -1,22 +1,29 @@
-"""ModelConfig: the architecture facts the engine needs, parsed from an HF config.json.
+"""ModelConfig: the architecture facts the engine needs, parsed from an HF config.json (and the EOS ids from
+generation_config.json, as HF's generate takes them).
 
 Accepts both transformers-4 keys (``rope_theta``/``rope_scaling``) and transformers-5 keys
 (``rope_parameters``, which carries rope_theta and the scaling together). Every value is checked for its kind, not
 coerced (``int(2.5)`` truncates, ``bool("false")`` is true): counts are integers, scales finite and positive, flags
 JSON booleans; a bad one raises ModelLoadError naming the key. A key that is absent or null takes its default.
+
+EOS ids follow transformers: when the directory has a generation_config.json, its ``eos_token_id`` is the stop set
+(absent or null there: no EOS stop at all, as HF's generate runs on to max_new_tokens), else config.json's. Where HF
+quietly falls back to config.json on a generation_config.json it cannot read, the engine refuses to load instead.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..core import is_int, is_real
 from ..distributed.info import TPInfo
 from ..errors import ModelLoadError
+
+GENERATION_CONFIG = "generation_config.json"
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,10 @@ class ModelConfig:
         num_layers = _int(cfg, "num_hidden_layers")
         # transformers 5 writes num_experts as num_local_experts.
         experts_key = "num_experts" if "num_experts" in cfg else "num_local_experts"
+        vocab_size = _int(cfg, "vocab_size")
         model_cfg = cls(
             architecture=str(archs[0]),
-            vocab_size=_int(cfg, "vocab_size"),
+            vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=_int(cfg, "intermediate_size"),
             num_layers=num_layers,
@@ -87,7 +95,7 @@ class ModelConfig:
             rope=_parse_rope(cfg),
             # Qwen2 always has a qkv bias; Llama/Qwen3 only when the config says so.
             attention_bias=_flag(cfg, "attention_bias", default=archs[0] == "Qwen2ForCausalLM"),
-            eos_token_ids=_parse_eos(cfg),
+            eos_token_ids=_parse_eos(cfg, vocab_size),
             num_experts=_int(cfg, experts_key, default=0, minimum=0),
             num_experts_per_tok=_int(cfg, "num_experts_per_tok", default=0, minimum=0),
             moe_intermediate_size=_int(cfg, "moe_intermediate_size", default=0, minimum=0),
@@ -123,11 +131,33 @@ class ModelConfig:
             raise ModelLoadError(
                 f"{str(path)!r} has no config.json; an HF model dir needs config.json and *.safetensors"
             )
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
-        return cls.from_dict(cfg)
+        model_cfg = cls.from_dict(_read_json(cfg_file))
+        eos = generation_eos(path / GENERATION_CONFIG, model_cfg.vocab_size)
+        return model_cfg if eos is None else replace(model_cfg, eos_token_ids=eos)
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{file} is not UTF-8 text: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{file} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise ModelLoadError(f"{file} cannot be read: {e}") from None
+
+
+def generation_eos(file: Path, vocab_size: int) -> tuple[int, ...] | None:
+    """The EOS ids of generation_config.json (() where it sets none), or None when the directory has no such file."""
+    # A dangling link is a broken file, not an absent one.
+    if not file.exists() and not file.is_symlink():
+        return None
+    if not file.is_file():
+        raise ModelLoadError(f"{file} is not a regular file; remove it or write the generation config there")
+    gen = _read_json(file)
+    if not isinstance(gen, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object, got a {type(gen).__name__}")
+    return _parse_eos(gen, vocab_size, GENERATION_CONFIG)
 
 
 # Passed as `default` by keys that have none.
@@ -144,8 +174,8 @@ def _value(cfg: dict[str, Any], key: str, default: Any, section: str = "") -> An
     return default
 
 
-def _invalid(key: str, value: Any, rule: str) -> ModelLoadError:
-    return ModelLoadError(f"config.json: {key}={value!r} is invalid; {rule}")
+def _invalid(key: str, value: Any, rule: str, file: str = "config.json") -> ModelLoadError:
+    return ModelLoadError(f"{file}: {key}={value!r} is invalid; {rule}")
 
 
 def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1, section: str = "") -> int:
@@ -195,11 +225,14 @@ def _check_moe(cfg: ModelConfig) -> None:
         raise _invalid("moe_intermediate_size", cfg.moe_intermediate_size, "it must be >= 1")
 
 
-def _parse_eos(cfg: dict[str, Any]) -> tuple[int, ...]:
+def _parse_eos(cfg: dict[str, Any], vocab_size: int, file: str = "config.json") -> tuple[int, ...]:
     value = _value(cfg, "eos_token_id", [])
     ids = value if isinstance(value, list) else [value]
-    if not all(is_int(i) and i >= 0 for i in ids):
-        raise _invalid("eos_token_id", value, "use a token id or a list of them (integers >= 0)")
+    # An id past the vocabulary can never be sampled: a stop set holding one is a broken file, not a choice.
+    if not all(is_int(i) and 0 <= i < vocab_size for i in ids):
+        raise _invalid(
+            "eos_token_id", value, f"use a token id or a list of them (integers in [0, vocab_size={vocab_size}))", file
+        )
     return tuple(ids)
 
 

@@ -65,6 +65,7 @@ _OP_ATTENTION = "properties/test_op_attention.py"
 _OP_LAYERS = "properties/test_op_layers.py"
 _OP_STEP = "properties/test_op_step.py"
 _OP_HOST = "properties/test_op_host_tokens.py"
+_EOS = "properties/test_eos_parity.py"
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
@@ -525,6 +526,16 @@ MUTANTS: dict[str, Mutant] = {
             (_OP_HOST,),
             fast_profile="ci",
             device="cuda",
+        # ---- stop tokens ----
+        Mutant(
+            "eos_from_config_only",
+            "the stop set is config.json's eos_token_id alone: generation_config.json's list (HF generate's) is "
+            "ignored, so a request runs on past an EOS id only that file names",
+            "vllm-project/vllm#4180 and #4182 (Llama 3 Instruct ran past <|eot_id|>, listed only in "
+            "generation_config.json), turboderp-org/exllamav2#449, huggingface/text-generation-inference#2678",
+            c.eos_from_config_only,
+            (_EOS,),
+            (_EOS,),
         ),
     )
 }

@@ -17,12 +17,14 @@ import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import engine.engine as engine_module
+import engine.models.config as model_config_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
@@ -56,6 +58,7 @@ _ORIGINAL_UNPACK_INPUTS = engine_module.unpack_inputs
 _ORIGINAL_LOAD_INPUTS = GraphRunner.load_inputs
 _ORIGINAL_TRITON_GRAPH_METADATA = TritonAttnBackend.graph_metadata
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
+_ORIGINAL_GENERATION_EOS = model_config_module.generation_eos
 
 
 @contextlib.contextmanager
@@ -641,3 +644,18 @@ def overrun_token_kept() -> contextlib.AbstractContextManager[None]:
 
 def failed_pass_successor_kept() -> contextlib.AbstractContextManager[None]:
     return _swap(StaticDriver, "_withdraw", staticmethod(_withdraw_nothing))
+
+
+# ---- stop tokens ---------------------------------------------------------------------------------------------
+
+
+def _generation_eos_unused(file: Path, vocab_size: int) -> tuple[int, ...] | None:
+    """generation_config.json is read and checked, but its EOS ids are dropped: the stop set is config.json's alone,
+    so a model stops on fewer tokens than HF's generate does."""
+    _ORIGINAL_GENERATION_EOS(file, vocab_size)
+    return None
+
+
+def eos_from_config_only() -> contextlib.AbstractContextManager[None]:
+    # ModelConfig.from_dir reaches generation_eos through its module-level name; only that name is rebound.
+    return _swap(model_config_module, "generation_eos", _generation_eos_unused)

@@ -6,7 +6,8 @@
   (:mod:`oracle.zoo.smollm2`).
 * :func:`tiny_model_dir` writes a small, deterministic random model for each architecture in
   :data:`TINY_ARCHS`, with weights scaled so greedy decoding has no near-ties, at head_dim 16 or
-  widened to any even head_dim (:mod:`oracle.zoo.tiny`).
+  widened to any even head_dim (:mod:`oracle.zoo.tiny`); those of :data:`EXTRA_EOS_ARCHS` stop on
+  more EOS ids in generation_config.json than config.json names.
 
 Both write into a temporary sibling directory and rename it into place, so a directory under its
 final name is always complete (:mod:`oracle.zoo.cache`). ``python -m oracle.zoo --help`` describes
@@ -20,10 +21,11 @@ from .cache import CACHE_ENV, MARKER, REPO_ROOT, ModelBuildError, default_cache_
 from .cache import _publish as _publish
 from .smollm2 import SMOLLM2_GGUF_MEMBER, SMOLLM2_GGUF_SHA256, SMOLLM2_NAME, SMOLLM2_WHEEL_REQ, smollm2_dir
 from .smollm2 import _verify_sha256 as _verify_sha256
-from .tiny import TINY_ARCHS, TINY_HEAD_DIM, tiny_config, tiny_model_dir
+from .tiny import EXTRA_EOS_ARCHS, TINY_ARCHS, TINY_HEAD_DIM, tiny_config, tiny_model_dir
 
 __all__ = [
     "CACHE_ENV",
+    "EXTRA_EOS_ARCHS",
     "MARKER",
     "REPO_ROOT",
     "SMOLLM2_GGUF_MEMBER",

@@ -4,6 +4,11 @@ group is 3 (6 query heads per 2 KV heads, not a power of two, like SmolLM2's 9/3
 weights scaled so greedy decoding has no near-ties. The default head_dim 16 keeps the CPU suites fast; any other
 even head_dim widens the same model (hidden and MLP sizes grow with it), e.g. 64 for FlashInfer's smallest kernel on
 the GPU suites.
+
+Some of them stop on more tokens than config.json names, as Qwen3's and Llama 3's checkpoints do: their
+generation_config.json lists config.json's EOS id plus the tokens the model's own greedy decoding reaches most
+often from fixed random prompts, so EOS finishes on ids only that file lists are common. Weights and config.json
+do not depend on it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ _TINY_COMMON: Final[dict[str, Any]] = {
     "eos_token_id": 1,
     "pad_token_id": None,
 }
+
+# Models whose generation_config.json lists more EOS ids than config.json, and how many more.
+EXTRA_EOS_ARCHS: Final = ("qwen2", "llama", "llama_gqa3")
+_EXTRA_EOS: Final = 8
+# The probe that picks them: this many random prompts of this length, decoded greedily for this many steps.
+_PROBE_PROMPTS: Final = 64
+_PROBE_LEN: Final = 16
+_PROBE_STEPS: Final = 12
 
 # Init scales, see _reinit_weights.
 _EMBED_STD: Final = 0.4
@@ -151,6 +164,24 @@ def _reinit_weights(model: torch.nn.Module, generator: torch.Generator) -> None:
             param.copy_(value)
 
 
+def _favourite_tokens(model: torch.nn.Module, generator: torch.Generator, vocab_size: int, skip: int) -> list[int]:
+    """The _EXTRA_EOS tokens other than `skip` that greedy decoding reaches from the most probe prompts (ties: the
+    lower id), so a stop set holding them ends many greedy runs early."""
+    import torch
+
+    tokens = torch.randint(vocab_size, (_PROBE_PROMPTS, _PROBE_LEN), generator=generator)
+    with torch.no_grad():
+        for _ in range(_PROBE_STEPS):
+            tokens = torch.cat([tokens, model(tokens).logits[:, -1:].argmax(-1)], dim=1)
+    reached = torch.zeros(vocab_size, dtype=torch.long)
+    for row in tokens[:, _PROBE_LEN:]:
+        reached[row.unique()] += 1
+    reached[skip] = -1
+    # Descending count, then ascending id: a stable sort of ids already in ascending order.
+    order = torch.sort(reached, descending=True, stable=True).indices
+    return order[:_EXTRA_EOS].tolist()
+
+
 def tiny_model_dir(arch: str, root: Path, head_dim: int = TINY_HEAD_DIM) -> Path:
     """Create (once) and return ``root/tiny-<arch>`` (``root/tiny-<arch>-hd<head_dim>`` for a head_dim other than
     16): a deterministic tiny random HF model."""
@@ -178,7 +209,11 @@ def _build_tiny(arch: str, head_dim: int, name: str, out: Path) -> dict[str, Any
     with torch.random.fork_rng(devices=[]), _quiet(True):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        _reinit_weights(model, torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        _reinit_weights(model, generator)
         model.eval()
+        if arch in EXTRA_EOS_ARCHS:
+            extra = _favourite_tokens(model, generator, config.vocab_size, config.eos_token_id)
+            model.generation_config.eos_token_id = [config.eos_token_id, *extra]
         model.save_pretrained(out, safe_serialization=True)
     return {"name": name, "seed": seed, "transformers": transformers.__version__}
