@@ -526,6 +526,7 @@ MUTANTS: dict[str, Mutant] = {
             (_OP_HOST,),
             fast_profile="ci",
             device="cuda",
+        ),
         # ---- stop tokens ----
         Mutant(
             "eos_from_config_only",
