@@ -34,7 +34,9 @@ whole time slice (a SmolLM2 generation took 16 s with 2 threads and 1.8 s with 1
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+import shlex
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,7 @@ from oracle.drive import EnginePool
 from oracle.hf import HFOracle
 from oracle.ops.bench import Bench
 from oracle.ops.ledger import Ledger
-from oracle.plugins import PluginError, load_plugins
+from oracle.plugins import PluginError, load_plugins, plugin_names
 from oracle.target import TARGET_ENV, Target, TargetError, from_env
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
@@ -76,6 +78,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hfparity", "engine-vs-HF harness")
     group.addoption("--target", default=None, help=f"what to check (preset[,key=value...] or FILE.toml); ${TARGET_ENV}")
     group.addoption("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE first (repeatable)")
+    group.addoption("--replay", default=None, metavar="VERSION:BLOB",
+                    help="run the selected Hypothesis tests on one failing example (the replay line of a failure)")
 
 
 def pin_hypothesis_constants() -> None:
@@ -114,6 +118,40 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if shortfalls:
         pytest.fail("too many vacuous examples (oracle.coverage):\n  " + "\n  ".join(shortfalls), pytrace=False)
     return result
+
+
+REPRODUCE = re.compile(r"@reproduce_failure\('([^']+)', b'([^']+)'\)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    replay = config.getoption("replay")
+    if not replay:
+        return
+    version, sep, blob = replay.partition(":")
+    if not sep or not blob:
+        raise pytest.UsageError(f"--replay {replay!r}: use VERSION:BLOB, as a failure's replay line prints it")
+    for item in items:
+        test = getattr(item, "obj", None)
+        if getattr(test, "is_hypothesis_test", False):
+            test._hypothesis_internal_use_reproduce_failure = (version, blob)  # type: ignore[union-attr]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failure found by Hypothesis gets one line that replays it: the test id, target, plugins and example."""
+    report: pytest.TestReport = yield
+    if report.failed and call.when == "call":
+        found = REPRODUCE.search(report.longreprtext)
+        if found:
+            config = item.config
+            target = config.stash[_TARGET_KEY].name
+            parts = [f"python -m pytest {shlex.quote(item.nodeid)}", f"--target {shlex.quote(target)}"]
+            parts += [f"--plugin {shlex.quote(name)}" for name in plugin_names(config.getoption("plugin"))]
+            parts.append(f"--replay {shlex.quote(found.group(1) + ':' + found.group(2))}")
+            report.sections.append(("replay", " ".join(parts)))
+    return report
 
 
 def pytest_report_header(config: pytest.Config) -> str:
