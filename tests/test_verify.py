@@ -39,6 +39,7 @@ from oracle.verify import (
     sampling_cases,
     verify,
 )
+from oracle.verify.kernels import KERNEL_OPS
 from oracle.verify.magnitude import LARGE_SCORE
 from oracle.verify.plan import LONG_PROMPT_TOKENS, describe
 from oracle.verify.report import summary_lines
@@ -73,7 +74,8 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     assert data["device"]
     assert {c["section"] for c in data["checks"]} >= SECTIONS
     assert all(set(c) == CHECK_FIELDS for c in data["checks"])
-    assert all(c["passes_when"] in ("<=", ">=", "==") for c in data["checks"])
+    # a kernels check holds its op to the op's own assertion: it measures nothing against a limit
+    assert all(c["passes_when"] in ("<=", ">=", "==") for c in data["checks"] if c["section"] != "kernels")
     # every chi-square has two buckets or more: none is a trivial pass, none is left not-tested
     assert all(c["status"] == "pass" for c in data["checks"]), [c for c in data["checks"] if c["status"] != "pass"]
     assert data["counts"] == {"pass": len(data["checks"]), "fail": 0, "not-tested": 0, "error": 0}
@@ -82,8 +84,17 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     large = {c["name"]: c for c in data["checks"] if c["section"] == "large magnitude"}
     assert large["largest attention score past float32 exp overflow"]["value"] >= LARGE_SCORE - 1e-3
     assert large[f"logit error, {LONG}"]["value"] <= large[f"logit error, {LONG}"]["limit"]
+    kernels = [c for c in data["checks"] if c["section"] == "kernels"]
+    assert [c["name"] for c in kernels] == [op.name for op in KERNEL_OPS]
+    assert all(c["value"] == QUICK.kernel_examples for c in kernels), kernels
+    ran = {c["name"]: c["detail"] for c in kernels}
+    assert ran["rms_norm"] == f"kernels=torch x{QUICK.kernel_examples}" and ran["attention decode"].startswith(
+        "attention=torch x"
+    ) and ran["sampler probs"].startswith("sampler=torch x"), ran
+    assert f"  rms_norm: kernels=torch x{QUICK.kernel_examples}" in stdout
     markdown = (tmp_path / "verify-tiny-qwen3.md").read_text()
     assert "**PASS**" in markdown and "](verify-tiny-qwen3.png)" in markdown
+    assert f"| linear | kernels=torch x{QUICK.kernel_examples} | {QUICK.kernel_examples} | pass |  |" in markdown
     assert (tmp_path / "verify-tiny-qwen3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     root = ET.parse(junit).getroot()
     cases = root.findall("./testsuite/testcase")
@@ -283,8 +294,14 @@ def test_verify_checks_the_example_plugin_and_catches_its_bug(
     failed = {c["section"] for c in data["checks"] if c["status"] != "pass"}
     if bug is None:
         assert not failed
-    else:
-        assert "logit error" in failed and failed <= {"greedy parity", "logit error", "large magnitude"}, failed
+        return
+    assert "logit error" in failed and failed <= {"greedy parity", "logit error", "large magnitude", "kernels"}, failed
+    kernels = {c["name"]: c for c in data["checks"] if c["section"] == "kernels"}
+    attention = [name for name in kernels if name.startswith("attention")]
+    assert {name for name, c in kernels.items() if c["status"] != "pass"} == set(attention), kernels
+    for name in attention:  # the op's message: op, call, worst element with both values, then what ran
+        assert kernels[name]["detail"].startswith(f"op {name} at q["), kernels[name]
+        assert kernels[name]["detail"].endswith(f"ran: attention=example x{int(kernels[name]['value'])}")
 
 
 def test_top_p_mutant_fails_the_chi_square_and_plots_the_failing_case(tiny_models: dict[str, Path]) -> None:
@@ -292,7 +309,8 @@ def test_top_p_mutant_fails_the_chi_square_and_plots_the_failing_case(tiny_model
         result = verify(tiny_models["qwen3"], quick=True)
     failed = [c for c in result.checks if c.status == "fail"]
     assert failed and not result.passed
-    assert {c.section for c in failed} == {"sampling"}  # the model path is untouched by a sampler bug
+    # the model path is untouched by a sampler bug; the kernels section's own sampler check catches it too
+    assert {(c.section, c.name) for c in failed if c.section != "sampling"} == {("kernels", "sampler probs")}
     assert any(c.name.startswith("chi-square") for c in failed), [c.name for c in failed]
     case = failed[0].name.partition(": ")[2]
     assert result.figure is not None and result.figure.title.startswith(case), (result.figure, case)
@@ -341,7 +359,10 @@ def test_long_and_large_magnitude_checks_catch_what_short_prompts_miss(
     sdpa = _hand_sdpa(subtract_max=bug != "no max subtraction", drop_partial_tile=bug == "partial tile dropped")
     monkeypatch.setattr(torch_backend, "F", SimpleNamespace(scaled_dot_product_attention=sdpa))
     result = verify(tiny_models["qwen3"], quick=True)
-    failed = [c for c in result.checks if c.status != "pass"]
+    # the kernels section calls attention alone, at long lengths and scores past exp overflow: it catches both
+    kernels = {c.name for c in result.section("kernels") if c.status != "pass"}
+    assert kernels == {"attention prefill", "attention extend", "attention decode"}, result.section("kernels")
+    failed = [c for c in result.checks if c.status != "pass" and c.section != "kernels"]
     assert failed and not result.passed
     if caught_by == "large magnitude":
         assert {c.section for c in failed} == {"large magnitude"}, failed

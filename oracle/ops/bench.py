@@ -20,6 +20,16 @@ from .ledger import Ledger, expected_impl, label
 T = TypeVar("T")
 
 
+def kernel_impl(kernels: LayerKernels, method: str, name: str) -> str:
+    """The implementation that serves LayerKernels.`method` of `kernels` (registered as `name`)."""
+    return expected_impl(kernels, method, "kernels", name, (TorchKernels, LayerKernels))
+
+
+def kernel_ulps(kernels: LayerKernels, method: str, name: str) -> int:
+    """The op's contract: 0 (bitwise) where the torch reference serves it, else KERNEL_ULPS of HF's result."""
+    return 0 if kernel_impl(kernels, method, name) == label("kernels", REFERENCE) else KERNEL_ULPS
+
+
 @dataclass
 class Bench:
     target: Target
@@ -38,12 +48,10 @@ class Bench:
         return self.target.torch_dtype
 
     def kernel_impl(self, method: str) -> str:
-        """The implementation that serves LayerKernels.`method` on this target."""
-        return expected_impl(self.kernels, method, "kernels", self.kernels_name, (TorchKernels, LayerKernels))
+        return kernel_impl(self.kernels, method, self.kernels_name)
 
     def ulps(self, method: str) -> int:
-        """The op's contract on this target: 0 (bitwise) where the torch reference serves it, else KERNEL_ULPS."""
-        return 0 if self.kernel_impl(method) == label("kernels", REFERENCE) else KERNEL_ULPS
+        return kernel_ulps(self.kernels, method, self.kernels_name)
 
     def run_kernel(self, op: str, method: str, *args: object) -> object:
         """self.kernels.`method`(*args), traced and filed in the ledger under the implementation that ran."""

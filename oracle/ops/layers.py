@@ -209,7 +209,7 @@ def check_linear(bench: Bench, case: LinearCase) -> None:
     got = bench.run_kernel("linear", "linear", x.view, weight, bias, case.gated)
     assert isinstance(got, torch.Tensor)
     inputs = ref.silu_and_mul(_dev(bench, case.x)) if case.gated else _dev(bench, case.x)
-    exact, magnitude = ref.linear_exact(inputs, w_values, case.bias)
+    exact, magnitude = ref.linear_exact(inputs, w_values, bias)
     bound = dot_bound(exact, magnitude, case.weight.shape[1], bench.dtype)
     assert_within("linear", call, "out", got, exact, bound, "float32 accumulation, one rounding")
     assert_untouched("linear", guards)

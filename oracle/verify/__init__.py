@@ -1,7 +1,8 @@
 """``python -m oracle verify --model DIR``: the engine against HF on one model dir, for the chosen target — greedy
 parity and logit error against HF float64, decode ≡ prefill, split prefill ≡ prefill, seeded sampling, bitwise bf16
 RMSNorm (:mod:`.sections`), attention scores past float32's exp overflow (:mod:`.magnitude`) and chi-square /
-support tests of the target's sampler over a grid of sampling params (:mod:`.statistics`), planned by :mod:`.plan`
+support tests of the target's sampler over a grid of sampling params (:mod:`.statistics`), and every replaceable kernel
+called alone on drawn boundary inputs with the implementation that ran (:mod:`.kernels`), planned by :mod:`.plan`
 (short prompts and a long one), collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
 """
 
@@ -20,6 +21,7 @@ from ..environment import Environment, environment
 from ..hf import HFOracle
 from ..stats import FAMILY_ALPHA, AlphaBudget
 from ..target import Target, from_env
+from .kernels import check_kernels
 from .magnitude import check_large_magnitude
 from .plan import FULL, QUICK, Plan, load_tokenizer, make_prompts, steps_of, text_decoder, token_labeler
 from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult
@@ -144,6 +146,9 @@ def verify(
                 engine, rows, row_labels, cases, alpha, seed, token_label, step, plan.samples
             )
             result.checks += sampling
+            stage = "kernels"
+            result.checks += check_kernels(target, engine.model_config.head_dim, plan.kernel_examples, seed)
+            step("kernels")
         except Exception as exc:  # the report records it (exit 3); --debug re-raises instead
             if not catch_errors:
                 raise

@@ -44,6 +44,7 @@ class Plan:
     prompts: int
     max_tokens: int
     samples: int  # draws per sampling test
+    kernel_examples: int  # drawn inputs per op in the kernels section (oracle.verify.kernels)
     grid: tuple[SamplingParams, ...]
 
     @property
@@ -66,6 +67,7 @@ FULL = Plan(
     prompts=6,
     max_tokens=16,
     samples=1200,
+    kernel_examples=50,
     grid=(
         sampling_params(0.8, top_k=40, top_p=0.9),
         sampling_params(0.7),
@@ -78,14 +80,15 @@ QUICK = Plan(
     prompts=3,
     max_tokens=8,
     samples=1500,
+    kernel_examples=8,  # the section in ~10 s on 2 CPU cores (attention prefill takes most)
     grid=(sampling_params(1.0, top_p=0.9), sampling_params(1.2, min_p=0.05)),
 )
 
 
 def steps_of(plan: Plan) -> int:
     """Progress units verify() reports: 2 loads, generation, one per prompt and one for the long prompt, prefill
-    consistency, seeds, norms, large magnitude, and one per sampling case."""
-    return 8 + plan.prompts + plan.sampling_cases
+    consistency, seeds, norms, large magnitude, one per sampling case, and the kernels."""
+    return 9 + plan.prompts + plan.sampling_cases
 
 
 def describe(params: SamplingParams) -> str:

@@ -15,6 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..tolerance import YARDSTICK_RATIO
+from .kernels import SECTION as KERNELS
+from .kernels import ran_line
 from .result import Check, Figure, Status, VerifyResult, count_statuses
 
 SCHEMA_VERSION = 1
@@ -46,6 +48,8 @@ def _section_note(section: str, checks: list[Check], alpha: float) -> str:
     if section == "sampling":
         chi = [c.value for c in checks if c.name.startswith("chi-square") and c.value is not None]
         return f", α = {alpha:.2g} per test, smallest chi-square p = {_fmt(min(chi, default=None))}"
+    if section == KERNELS:
+        return f", {sum(c.value or 0.0 for c in checks):.0f} examples; the implementation that ran, per op:"
     if section in ("bf16 norms", "run"):
         return f": {checks[0].detail.splitlines()[0]}"
     measured = [c for c in checks if c.value is not None and c.limit]
@@ -64,6 +68,8 @@ def summary_lines(result: VerifyResult) -> list[str]:
     for section in result.sections():
         checks = result.section(section)
         lines.append(f"{section}: {tally(checks)}{_section_note(section, checks, result.alpha)}")
+        if section == KERNELS:
+            lines += [f"  {c.name}: {ran_line(c)}{'' if c.passed else f' ({c.status})'}" for c in checks]
     lines.append(
         f"verdict: {verdict(result)}: {tally(result.checks)} ({result.plan}, target {result.target.name}, dtype "
         f"{result.dtype}, {result.seconds:.0f} s)"
@@ -223,6 +229,17 @@ def reproduce_command(result: VerifyResult) -> str:
     return " ".join([*parts, f"--seed {result.seed}"])
 
 
+def _kernels_markdown(checks: list[Check]) -> list[str]:
+    """The kernels section: per op, the implementation that ran and how many examples, and a failure's message."""
+    out = [f"## {KERNELS}", "", "| op | implementation that ran | examples | result | failure |"]
+    out.append("|---|---|---|---|---|")
+    for c in checks:
+        failure = "" if c.passed else _md_cell("\n".join(c.detail.splitlines()[:-1]))
+        ran = _md_cell(ran_line(c))
+        out.append(f"| {_md_cell(c.name)} | {ran} | {_fmt(c.value)} | {_MD_STATUS[c.status]} | {failure} |")
+    return [*out, ""]
+
+
 def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
     env = result.environment
     out = [f"# Verification report: `{result.model}`", ""]
@@ -234,6 +251,9 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
     out += ["", f"Commit `{env.commit}` on {env.device}; {versions}."]
     out += ["", *[f"- {line}" for line in summary_lines(result)], ""]
     for section in result.sections():
+        if section == KERNELS:
+            out += _kernels_markdown(result.section(section))
+            continue
         out += [f"## {section}", "", "| check | result | value | limit | detail |", "|---|---|---|---|---|"]
         for c in result.section(section):
             detail = _md_cell(c.detail.splitlines()[0] if c.passed and c.detail else c.detail)
