@@ -97,11 +97,23 @@ def rounding_bound(reference: torch.Tensor, dtype: torch.dtype, ulps: int) -> to
     return ulps * 2.0 * unit_roundoff(dtype) * scale
 
 
-def dot_bound(exact: torch.Tensor, magnitude: torch.Tensor, terms: int, dtype: torch.dtype) -> torch.Tensor:
+PARTIAL_ROUNDINGS = 8
+"""Roundings of partial sums to the dtype a cuBLAS product may make (its split-K count is its own choice under
+torch's default reduced-precision reduction for bf16/fp16): the worst seen on the H200 over the op suite's shapes
+was 4.8 u x magnitude beyond the output's own rounding."""
+
+
+def dot_bound(
+    exact: torch.Tensor, magnitude: torch.Tensor, terms: int, dtype: torch.dtype, partials_rounded: bool = False
+) -> torch.Tensor:
     """Elementwise bound of a float32-accumulated dot product rounded to `dtype`, against its float64 value:
     one output rounding, plus the classic worst case of a `terms`-long float32 sum, `terms` * u32 * sum |a_k b_k|
-    (`magnitude`). Any order of the sum and any split of it stays inside."""
-    return unit_roundoff(dtype) * exact.double().abs() + terms * unit_roundoff(torch.float32) * magnitude.double()
+    (`magnitude`). Any order of the sum and any split of it stays inside. partials_rounded: partial sums may be
+    rounded to `dtype` on the way (cuBLAS under reduced-precision reduction, or a bias added after the product's
+    rounding): PARTIAL_ROUNDINGS x u x magnitude more."""
+    u = unit_roundoff(dtype)
+    bound = u * exact.double().abs() + terms * unit_roundoff(torch.float32) * magnitude.double()
+    return bound + PARTIAL_ROUNDINGS * u * magnitude.double() if partials_rounded else bound
 
 
 ATTENTION_ROUNDINGS = 4
