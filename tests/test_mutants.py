@@ -18,13 +18,14 @@ import pytest
 
 import engine.engine as engine_module
 import engine.models.config as model_config_module
-from engine import sample
+from engine import sample, validate
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.triton_backend import TritonAttnBackend
 from engine.driver import StaticDriver
-from engine.engine import Engine
+from engine.engine import Engine, ForwardOutput
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
+from engine.layers.kernels import TorchKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import Sampler
 from oracle.mutants import MUTANTS, activate, mutants_for
@@ -47,9 +48,13 @@ PATCHED: tuple[type | ModuleType, ...] = (
     flashinfer_backend,
     engine_module,
     model_config_module,
+    TorchKernels,
+    TritonKernels,
+    validate,
+    ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
-NEEDS_TRITON = {"gemv_gate_unactivated"}
+NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped"}
 
 
 def _patched() -> tuple[type | ModuleType, ...]:
@@ -85,7 +90,10 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
     assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_lengths_frozen" not in flashinfer
     assert "triton_decode_lengths_frozen" in triton and "flashinfer_last_page_len_modulo" not in triton
-    assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == []
+    # Every CUDA target copies its host tokens; nothing else of the CUDA mutants runs on the torch one.
+    assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == [
+        "host_copy_unwaited"
+    ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     assert mutants_for("cpu", parse("cpu-fp32")) == mutants_for("cpu")
 
