@@ -44,3 +44,15 @@ def test_slot_check(data: st.DataObject, op_bench: Bench) -> None:
     exercised(ACCEPTED, not refused)
     exercised(TWICE, case.fault == "duplicate" and refused)
     step.check_slot_check(op_bench, case)
+
+
+PAST_TILE = "page_ids: a request with more pages than one 256-wide block of the kernel"
+
+
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+@floors({PAST_TILE: 0.1})
+def test_page_ids(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(step.page_ids_cases(op_bench.target.page_sizes), label="case")
+    exercised(PAST_TILE, max(case.counts) > 256)
+    step.check_page_ids(op_bench, case)

@@ -53,6 +53,7 @@ BUILTIN_HOMES = (
     Home(label("kernels", REFERENCE), "engine.layers.rotary", ("RotaryAt.apply", "_rotate")),
     Home(label("kernels", REFERENCE), "engine.validate", ("redirected_slots", "slot_check", "slot_verdict")),
     Home(label("kernels", REFERENCE), "engine.sample", ("greedy_tokens",)),
+    Home(label("kernels", REFERENCE), "engine.attention.flashinfer_backend", ("graph_page_ids",)),
     Home(label("attention", "triton"), "engine.attention.triton_decode", launches=True),
     Home(label("attention", REFERENCE), "engine.attention.torch_backend"),
     Home(label("attention", "flashinfer"), "flashinfer.", ("BatchPrefill", "BatchDecode")),

@@ -205,3 +205,63 @@ def check_slot_check(bench: Bench, case: SlotCase) -> None:
     assert_bitwise("slot_check", call, "out_loc", out_loc, want_loc)
     assert_bitwise("slot_check", call, "table_rows", table_rows, want_rows)
     assert_untouched("slot_check", [table])
+
+
+# ---- a captured decode step's FlashInfer page ids ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PageIdsCase:
+    table: torch.Tensor  # int32 [max_rows + 1, width], page-structured
+    rows: tuple[int, ...]  # the rows the step reads (padding rows repeat the dummy row)
+    counts: tuple[int, ...]  # pages of each row's request
+    page_size: int
+
+
+@st.composite
+def page_ids_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> PageIdsCase:
+    ps = draw(st.sampled_from(page_sizes))
+    pages_per_row = draw(st.sampled_from((255, 256, 257, 300)) | edge_sizes((64,), 1, 300))  # a block: 256 pages
+    width = pages_per_row * ps
+    max_rows = draw(st.integers(1, 8))
+    num_pages = (max_rows + 1) * pages_per_row
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(draw(seeds)))
+    table = (order.view(max_rows + 1, pages_per_row, 1) * ps + torch.arange(ps)).flatten(1)[:, :width]
+    bs = draw(st.integers(1, 9))
+    rows = tuple(draw(st.lists(st.integers(0, max_rows), min_size=bs, max_size=bs)))
+    counts = tuple(draw(st.just(pages_per_row) | edge_sizes((64, 256), 1, pages_per_row)) for _ in rows)
+    return PageIdsCase(table.to(torch.int32).contiguous(), rows, counts, ps)
+
+
+def check_page_ids(bench: Bench, case: PageIdsCase) -> None:
+    """The FlashInfer backend's in-graph page ids (Triton where the target's kernels are, else its torch statement
+    graph_page_ids): out[indptr[i] + p] = table[rows[i], p * page_size] // page_size for each row's pages; nothing
+    else written but the spare last entry."""
+    from engine.attention.flashinfer_backend import graph_page_ids
+
+    dev, ps = bench.device, case.page_size
+    max_pages = -(-case.table.shape[1] // ps)
+    indptr = torch.tensor([0, *torch.tensor(case.counts).cumsum(0).tolist()], dtype=torch.int32)
+    table = guarded("page_table", case.table.to(dev))
+    rows = guarded("table_rows", torch.tensor(case.rows, device=dev))
+    kv_indptr = guarded("kv_indptr", indptr.to(dev))
+    out = guarded("out", torch.full((len(case.rows) * max_pages + 1,), -3, dtype=torch.int32, device=dev))
+    triton = bench.kernel_impl("rms_norm") != "kernels=torch"  # the backend's kernel comes with the Triton kernels
+    call = describe({"page_table": table.view, "out": out.view}, rows=case.rows, pages=case.counts, page_size=ps)
+    if triton:
+        from engine.layers import triton_kernels
+
+        def run() -> None:
+            triton_kernels.page_ids(table.view, rows.view, kv_indptr.view, max_pages, ps, out.view)
+    else:
+        cols = torch.arange(max_pages, device=dev)
+
+        def run() -> None:
+            graph_page_ids(table.view, rows.view, kv_indptr.view, cols, ps, out.view)
+    bench.traced("page_ids", "kernels=triton" if triton else "kernels=torch", None, run)
+    want = torch.full((len(case.rows) * max_pages + 1,), -3, dtype=torch.int32)
+    for i, (row, count) in enumerate(zip(case.rows, case.counts)):
+        want[int(indptr[i]) : int(indptr[i]) + count] = case.table[row, : count * ps : ps] // ps
+    got = out.view.cpu()
+    assert_bitwise("page_ids", call, "out (every request's pages; the spare last entry aside)", got[:-1], want[:-1])
+    assert_untouched("page_ids", [table, rows, kv_indptr], outputs=(out,))
