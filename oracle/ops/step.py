@@ -82,7 +82,7 @@ def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
 
 # ---- slot checks -------------------------------------------------------------------------------------------------
 
-FAULTS = ("none", "duplicate", "duplicate", "over_cached", "over_live", "out_of_pool", "off_page")
+FAULTS = ("none", "duplicate", "duplicate", "duplicate", "over_cached", "over_live", "out_of_pool", "off_page")
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,14 @@ def slot_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> SlotCase:
     width = draw(edge_sizes((64, 256), 2, 300))
     max_rows = draw(st.integers(1, 6))
     n = draw(st.integers(1, max_rows))
-    decode = draw(st.booleans())
+    fault = draw(st.sampled_from(FAULTS))
+    decode = draw(st.booleans()) and fault != "duplicate"  # a duplicate needs two new tokens at one page offset
     order = draw(st.permutations(range(max_rows)))
     rows, others = order[:n], order[n : draw(st.integers(n, max_rows))]
     lens = [draw(seq_lengths(width, ps)) for _ in rows]
-    cached = [d - 1 if decode else draw(st.integers(0, d - 1)) for d in lens]
+    if fault == "duplicate" and n == 1:
+        lens[0] = min(width, max(lens[0], ps + 1))
+    cached = [d - 1 if decode else 0 if fault == "duplicate" else draw(st.integers(0, d - 1)) for d in lens]
     other_lens = [draw(st.integers(1, width)) for _ in others]
     pages_per_row = -(-width // ps)
     num_pages = max_rows * pages_per_row + draw(st.integers(0, 3))
@@ -119,16 +122,17 @@ def slot_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> SlotCase:
         pages = page_order[r * pages_per_row : (r + 1) * pages_per_row]
         table[r] = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
     table = table[:, :width].contiguous()
-    fault = draw(st.sampled_from(FAULTS))
     i = draw(st.integers(0, n - 1))
     row, new = rows[i], list(range(cached[i], lens[i]))
     j = draw(st.sampled_from(new))
-    if fault == "duplicate":  # two new tokens, maybe of two requests, one slot
+    if fault == "duplicate":  # two new tokens, maybe of two requests, one slot: a whole page mapped twice
         k = draw(st.integers(0, n - 1))
-        spots = [(rows[k], p) for p in range(cached[k], lens[k]) if (rows[k], p) != (row, j)]
+        spots = [p for p in range(cached[k], lens[k]) if p % ps == j % ps and (rows[k], p // ps) != (row, j // ps)]
         if spots:
-            other_row, p = draw(st.sampled_from(spots))
-            table[other_row, p] = table[row, j]
+            p = draw(st.sampled_from(spots))
+            block, page = p - p % ps, int(table[row, j]) // ps
+            end = min(block + ps, width)
+            table[rows[k], block:end] = torch.arange(page * ps, page * ps + end - block, dtype=torch.int32)
     elif fault == "over_cached":
         k = draw(st.integers(0, n - 1))
         if cached[k]:
