@@ -1,7 +1,8 @@
 """Strategies that seek the boundaries where kernels break, for the op-level properties (and the model level).
 
-* sizes: each side of the tile and block sizes kernels use (TILE_EDGES for sequence lengths, BLOCK_EDGES for
-  widths and vocabularies: k - 1, k, k + 1), and of the page size, mixed with uniform draws;
+* sizes: each side of the tile and block sizes kernels use (sequence lengths at oracle.strategies.boundary_edges,
+  the tile and page edges the model level draws too; BLOCK_EDGES for widths and vocabularies: k - 1, k, k + 1),
+  mixed with uniform draws;
 * magnitudes: subnormal, tiny, ordinary, large and near float32's square overflow (MAGNITUDES), attention scores
   up to and past float32's exp overflow (SCORE_MAXIMA);
 * layouts: contiguous or strided rows (a gap after each row, filled with poison by oracle.ops.guard);
@@ -19,10 +20,8 @@ from collections.abc import Sequence
 import torch
 from hypothesis import strategies as st
 
-from ..strategies import seeds
+from ..strategies import boundary_edges, seeds
 
-TILE_EDGES = (32, 64, 128, 256, 512, 1024)
-"""Sequence lengths where attention kernels change tiles (BLOCK_N 32..128) or split the KV."""
 BLOCK_EDGES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Widths where elementwise and reduction kernels change blocks (power-of-two BLOCK sizes)."""
 MAGNITUDES = (1e-39, 1e-6, 1.0, 40.0, 1e18)
@@ -39,9 +38,9 @@ def edge_sizes(edges: Sequence[int], low: int, high: int, extra: Sequence[int] =
 
 
 def seq_lengths(max_len: int, page_size: int = 1, low: int = 1) -> st.SearchStrategy[int]:
-    """Lengths each side of the tile edges and of the first pages' edges, or anything in [low, max_len]."""
-    pages = [k * page_size for k in range(1, 4)] if page_size > 1 else []
-    return edge_sizes(TILE_EDGES, low, max_len, pages)
+    """Lengths each side of a tile or page edge (boundary_edges), or anything in [low, max_len]."""
+    tiles, pages = boundary_edges(max_len, page_size, low)
+    return st.one_of(st.sampled_from(sorted({*tiles, *pages, low, max_len})), st.integers(low, max_len))
 
 
 def widths(max_width: int, low: int = 1, even: bool = False) -> st.SearchStrategy[int]:
