@@ -52,7 +52,7 @@ def _section_note(section: str, checks: list[Check], alpha: float) -> str:
         return f", {sum(c.value or 0.0 for c in checks):.0f} examples; the implementation that ran, per op:"
     if section in ("bf16 norms", "run"):
         return f": {checks[0].detail.splitlines()[0]}"
-    measured = [c for c in checks if c.value is not None and c.limit]
+    measured = [c for c in checks if c.value is not None and c.limit and c.passes_when == "<="]
     if not measured:
         return ""
     worst = max(measured, key=lambda c: (c.value or 0.0) / (c.limit or 1.0))

@@ -222,6 +222,7 @@ def check_bf16_norms(model: Path, seed: int, target: Target | None = None, hf: H
         return [Check(section, what, "fail", detail="the engine model has no RMSNorm module")]
     detail = (
         f"{modules} modules x {len(NORM_SCALES)} input scales on {target.device} (layer kernels {target.kernels}): "
-        f"{mismatched} of {compared} outputs outside the contract ({differ} differ at all); {worst[1] if worst else ''}"
+        f"{mismatched} of {compared} outputs outside the contract ({differ} differ at all)"
+        + (f"; {worst[1]}" if worst and differ else "")
     )
     return [Check.measured(section, what, float(mismatched), 0.0, "==", detail)]
