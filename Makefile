@@ -13,7 +13,7 @@ ifdef PLUGIN
 export HFPARITY_PLUGINS := $(PLUGIN)
 endif
 
-.PHONY: venv model test demo lint properties-deep mutants bench bench-baseline clean
+.PHONY: venv model test demo lint kernels properties-deep mutants bench bench-baseline clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ demo: venv model
 lint: venv
 	$(BIN)/ruff check engine oracle properties tests benchmarks examples
 	$(BIN)/mypy
+
+# The fast inner loop: the op-level properties alone (docs/ops.md), e.g. `make kernels TARGET=... PLUGIN=...`.
+kernels: venv
+	$(BIN)/python -m pytest properties -m kernel -q $(PYTEST_ARGS)
 
 properties-deep: venv model
 	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest properties -q
