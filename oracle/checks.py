@@ -20,6 +20,13 @@ from oracle.sampler import ReferenceDistribution, reference_distribution
 from oracle.stats import MIN_EXPECTED, chi_square_gof, support_check
 from oracle.tolerance import LogitTolerance, logits_error
 
+NUMERICS_LAW = (
+    "law broken: the engine's numerics against HF, seen by a property about something else; the properties for "
+    "that law, cheapest first: `pytest properties -m kernel`, properties/test_prefill_logits.py, "
+    "properties/test_greedy_parity.py"
+)
+"""Appended where a property's side check of HF parity fails, so a numerics change points at its own property."""
+
 
 @dataclass(frozen=True)
 class LogitError:

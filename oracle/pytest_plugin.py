@@ -12,10 +12,17 @@ Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; d
   examples per test before the per-test shares of :func:`oracle.budget.examples`.
 * ``deep``: 400 examples per test, random (a new seed each run), the local example database kept.
 * ``dev``: 5 examples per test, derandomized: a quick smoke run while editing.
+* ``fast``: the kernel engineer's loop (README "The fast loop"): 3 examples per test, derandomized, the first bug
+  reported without looking for others, and shrinking cut after ``SHRINK_SECONDS["fast"]``.
 * ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or ``--hypothesis-seed``'s:
   runs the statistical properties under many seeds to count false failures.
 * ``gpu``: ``ci`` with 10 examples per test and no shrinking, for ``--target cuda-*`` inside one 10-minute device
   call.
+
+Shrinking stops after ``SHRINK_SECONDS`` of the active profile (Hypothesis' own cap is five minutes), so a failure
+reports in seconds with the smallest example found so far. Collected tests run cheapest first (:func:`cost_tier`):
+the op-level properties, then the tiny-model ones, the statistical ones and last the real model's, so ``-x`` stops
+at the cheapest property that sees a bug.
 
 HealthCheck.too_slow is suppressed everywhere: one example runs whole forward passes, which Hypothesis counts as
 slow data generation for strategies drawn inside the test, and the CI machine is shared.
@@ -36,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -58,12 +66,20 @@ _COMMON = settings(deadline=None, print_blob=True, suppress_health_check=[Health
 settings.register_profile("ci", _COMMON, max_examples=25, derandomize=True, database=None)
 settings.register_profile("deep", _COMMON, max_examples=400, derandomize=False)
 settings.register_profile("dev", _COMMON, max_examples=5, derandomize=True, database=None)
+settings.register_profile(
+    "fast", _COMMON, max_examples=3, derandomize=True, database=None, report_multiple_bugs=False
+)
 settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=False, database=None)
 # No shrinking on the GPU: a failing example is reported as found, since device time is scarce.
 settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None, phases=_NO_SHRINK)
 
+# Seconds a failure may spend shrinking, per profile; one example more may run past it.
+SHRINK_SECONDS = {"fast": 10, "dev": 20, "deep": 120}
+DEFAULT_SHRINK_SECONDS = 30
+
 _TARGET_KEY = pytest.StashKey[Target]()
 _LEDGER_KEY = pytest.StashKey[Ledger]()
+_PLUGINS_KEY = pytest.StashKey[list[str]]()
 
 MARKERS = (
     "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
@@ -102,7 +118,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
     try:
-        load_plugins(config.getoption("plugin"))
+        config.stash[_PLUGINS_KEY] = load_plugins(config.getoption("plugin"))
         config.stash[_TARGET_KEY] = from_env(config.getoption("target")).require()
     except (TargetError, PluginError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -116,14 +132,34 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         item.add_report_section("call", "vacuity floors", "\n".join(observed.lines()))
     shortfalls = observed.shortfalls()
     if shortfalls:
-        pytest.fail("too many vacuous examples (oracle.coverage):\n  " + "\n  ".join(shortfalls), pytrace=False)
+        from oracle.checks import NUMERICS_LAW
+
+        pytest.fail(
+            "too many vacuous examples (oracle.coverage): the examples too rarely reached the cases this property is "
+            "about, so its law went unchecked:\n  " + "\n  ".join(shortfalls) + "\nIf only the target changed (a "
+            f"kernel, a plugin), its numerics may steer the examples off these cases (other tokens, no EOS); "
+            f"{NUMERICS_LAW}",
+            pytrace=False,
+        )
     return result
 
 
 REPRODUCE = re.compile(r"@reproduce_failure\('([^']+)', b'([^']+)'\)")
 
 
+def cost_tier(item: pytest.Item) -> int:
+    """0 op-level, 1 tiny models, 2 statistical, 3 the real model or slow: the order a session runs them in."""
+    marks = {mark.name for mark in item.iter_markers()}
+    if marks & {"model", "slow"}:
+        return 3
+    if "statistical" in marks:
+        return 2
+    return 0 if "kernel" in marks else 1
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope, which a stable sort keeps per tier
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=cost_tier)
     replay = config.getoption("replay")
     if not replay:
         return
@@ -154,10 +190,32 @@ def pytest_runtest_makereport(
     return report
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def header_lines(config: pytest.Config) -> list[str]:
+    """What runs: the target with every field, and each plugin loaded with the file it came from."""
     target = config.stash[_TARGET_KEY]
     fields = ", ".join(f"{k}={v}" for k, v in target.describe().items() if k != "name")
-    return f"target: {target.name} ({fields})"
+    lines = [f"target: {target.name} ({fields})"]
+    for name in config.stash[_PLUGINS_KEY]:
+        module = sys.modules.get(name.partition(":")[0])
+        lines.append(f"plugin: {name} ({getattr(module, '__file__', None) or 'no file'})")
+    return lines
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return header_lines(config)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Bound shrinking for the active profile; under -q, where pytest hides the header, still say what runs."""
+    from hypothesis.internal.conjecture import engine as conjecture
+
+    profile = settings.get_current_profile_name()
+    conjecture.MAX_SHRINKING_SECONDS = SHRINK_SECONDS.get(profile, DEFAULT_SHRINK_SECONDS)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not reporter.showheader:
+        for line in header_lines(session.config):
+            reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,7 @@ from engine import (
 )
 from engine.driver import PageLayout, StaticDriver
 from oracle.budget import examples
-from oracle.checks import compare_greedy
+from oracle.checks import NUMERICS_LAW, compare_greedy
 from oracle.coverage import exercised, floors
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, EnginePool, continuous_archs, kv_slot_view
 from oracle.hf import HFOracle
@@ -608,8 +608,8 @@ def test_invalid_calls_are_rejected_and_change_nothing(
         gen = driver.result(uid)
         expected, ref_rows = _hf_greedy(ref, prompt, n)
         result = compare_greedy(gen.output_ids, gen.logits, expected, ref_rows, tol)
-        assert result.ok, f"request {uid}, prompt {prompt}: {result.failure}"
+        assert result.ok, f"request {uid}, prompt {prompt}: {result.failure}\n{NUMERICS_LAW}"
     for prompt, tokens, logits in hand_runs:
         expected, ref_rows = _hf_greedy(ref, prompt, len(tokens))
         result = compare_greedy(tokens, logits, expected, ref_rows, tol)
-        assert result.ok, f"hand-built request, prompt {prompt}: {result.failure}"
+        assert result.ok, f"hand-built request, prompt {prompt}: {result.failure}\n{NUMERICS_LAW}"

@@ -58,7 +58,7 @@ from hypothesis.stateful import (
 from engine import CapacityError, Engine
 from engine.driver import LayoutKind, PageLayout, RequestState, StaticDriver
 from oracle.budget import examples
-from oracle.checks import assert_logits_close, check_forced_greedy
+from oracle.checks import NUMERICS_LAW, assert_logits_close, check_forced_greedy
 from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs
 from oracle.hf import HFOracle
@@ -272,11 +272,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             with torch.no_grad():
                 forced = self.oracle.model(torch.tensor([tokens])).logits[0, prompt_len - 1 : prompt_len - 1 + n]
             for k, (ours, ref) in enumerate(zip(seq.logits, forced)):
-                assert_logits_close(ours, ref, tol, f"request {uid} step {k}")
+                assert_logits_close(ours, ref, tol, f"request {uid} step {k} ({NUMERICS_LAW})")
             params = seq.req.sampling_params
             if params.is_greedy:
                 failure = check_forced_greedy(seq.output_ids, seq.logits, forced, tol)
-                assert failure is None, f"request {uid}: {failure}"
+                assert failure is None, f"request {uid}: {failure}\n{NUMERICS_LAW}"
             else:
                 for k, (token, ours) in enumerate(zip(seq.output_ids, seq.logits)):
                     ref_dist = reference_distribution(ours, params)

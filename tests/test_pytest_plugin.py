@@ -1,5 +1,7 @@
-"""The vacuity floors (oracle.coverage) and the pinned Hypothesis constants (oracle.pytest_plugin): a test whose
-examples miss their case fails, and the derandomized examples do not move when an unrelated local module loads."""
+"""The harness's pytest plugin (oracle.pytest_plugin) as a user meets it: the vacuity floors (oracle.coverage: a test
+whose examples miss their case fails, saying which law went unchecked), pinned Hypothesis constants (derandomized
+examples do not move when an unrelated local module loads), the profiles' shrinking bound, the cheapest-first order
+and the target and plugin header under -q."""
 
 from __future__ import annotations
 
@@ -113,6 +115,7 @@ def test_a_passing_test_with_too_many_vacuous_examples_fails(tmp_path: Path) -> 
     assert "too many vacuous examples" in proc.stdout and "n ends in 9:" in proc.stdout
     failure = proc.stdout.split("too many vacuous examples")[1].split("Captured vacuity floors")[0]
     assert "a huge n: 0/25 = 0% of examples (0 observed)" in failure, proc.stdout
+    assert "its law went unchecked" in failure and "pytest properties -m kernel" in failure, failure
 
 
 GREEDY_ONLY = """
@@ -169,3 +172,40 @@ def test_derandomized_examples_do_not_depend_on_loaded_modules(tmp_path: Path) -
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs.append(next(line for line in proc.stdout.splitlines() if "DRAWS" in line))
     assert runs[0] == runs[1]
+
+
+ORDERED = """
+import pytest
+from hypothesis import settings
+from hypothesis.internal.conjecture import engine
+
+@pytest.mark.model
+def test_real_model():
+    print("RAN real model")
+
+@pytest.mark.statistical
+def test_statistical():
+    print("RAN statistical")
+
+def test_tiny():
+    print("RAN tiny")
+
+@pytest.mark.kernel
+def test_kernel():
+    print("RAN kernel", settings.get_current_profile_name(), engine.MAX_SHRINKING_SECONDS)
+"""
+
+
+@pytest.mark.parametrize("profile", ["fast", "ci"])
+def test_cheapest_first_with_shrinking_bounded_and_the_header_under_q(tmp_path: Path, profile: str) -> None:
+    from oracle.pytest_plugin import DEFAULT_SHRINK_SECONDS, SHRINK_SECONDS
+
+    (tmp_path / "a_plugin.py").write_text("")
+    proc = run_pytest(tmp_path, ORDERED, "-s", "--plugin", "a_plugin", f"--hypothesis-profile={profile}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = [line.split("RAN ")[1].split()[0] for line in proc.stdout.splitlines() if "RAN " in line]
+    assert ran == ["kernel", "tiny", "statistical", "real"], proc.stdout
+    shrink = SHRINK_SECONDS.get(profile, DEFAULT_SHRINK_SECONDS)
+    assert f"RAN kernel {profile} {shrink}" in proc.stdout and shrink <= 30, proc.stdout
+    assert "target: cpu-fp32 (device=cpu" in proc.stdout.splitlines()[0], proc.stdout
+    assert f"plugin: a_plugin ({tmp_path / 'a_plugin.py'})" in proc.stdout, proc.stdout
