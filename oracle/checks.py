@@ -18,7 +18,7 @@ import torch
 from engine import SamplingParams
 from oracle.sampler import ReferenceDistribution, reference_distribution
 from oracle.stats import MIN_EXPECTED, chi_square_gof, support_check
-from oracle.tolerance import LogitTolerance, logits_error
+from oracle.tolerance import YARDSTICK_RATIO, LogitTolerance, logits_error
 
 NUMERICS_LAW = (
     "law broken: the engine's numerics against HF, seen by a property about something else; the properties for "
@@ -47,19 +47,26 @@ def worst_logit_error(actual: torch.Tensor, reference: torch.Tensor) -> LogitErr
 
 
 def assert_logits_close(
-    actual: torch.Tensor, reference: torch.Tensor, tol: LogitTolerance, what: str, slack: float = 0.0
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    tol: LogitTolerance,
+    what: str,
+    own_error: float | None = None,
 ) -> float:
-    """Raise AssertionError naming `what` unless actual is within tol (plus `slack`) of reference; returns the error.
+    """Raise AssertionError naming `what` unless actual is within the bound of reference; returns the error.
 
-    slack: extra absolute error allowed, e.g. the error HF itself makes at the engine's dtype (see
-    test_prefill_logits: a bf16 MoE router can pick other experts than the float64 one, in HF as in the engine).
+    own_error: HF's own error against `reference` at the engine's dtype on the same input, the yardstick that
+    widens the bound where it is larger (LogitTolerance.yardstick_bound; a bf16 MoE router can pick other experts
+    than the float64 one, in HF as in the engine).
     """
     worst = worst_logit_error(actual, reference)
-    bound = tol.bound(reference) + slack
+    bound = tol.yardstick_bound(reference, own_error)
     if not worst.value <= bound:
+        dtype = str(tol.dtype).removeprefix("torch.")
+        own = "" if own_error is None else f"; HF's own {dtype} error {own_error:.3g}, x{YARDSTICK_RATIO:g} if larger"
         raise AssertionError(
-            f"{what}: max |logit error| {worst.value:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}, slack "
-            f"{slack:.3g}); worst at index {worst.index}: engine {worst.actual:.6g} vs reference {worst.reference:.6g}"
+            f"{what}: max |logit error| {worst.value:.3g} exceeds the bound {bound:.3g} (rel {tol.rel:g}{own}); "
+            f"worst at index {worst.index}: engine {worst.actual:.6g} vs reference {worst.reference:.6g}"
         )
     return worst.value
 

@@ -7,8 +7,10 @@ Tolerance, per engine dtype (oracle.tolerance.LOGIT_TOLERANCES, with the measure
 max |engine - ref| <= rel * max(1, max |ref|), rel = 5e-5 for float32 and 0.06 for bfloat16 (CPU bf16 runs here
 too, on the tiny models, so the looser dtype is exercised as well).
 
-Below float32 the bound also allows the error HF itself makes at the engine's dtype (its logits at that dtype
-against its float64 logits). That matters for MoE: the top-k expert choice is discontinuous, and a router logit gap
+Below float32 the bound is also at least YARDSTICK_RATIO times the error HF itself makes at the engine's dtype (its
+logits at that dtype against its float64 logits; oracle.tolerance), on the tiny models and SmolLM2 alike: SmolLM2's
+bf16 rounding over 30 layers reaches the rel bound in HF's own run (prompt [0]: 7.6 off against 1.85). It matters
+for MoE: the top-k expert choice is discontinuous, and a router logit gap
 below bf16 resolution sends a token to other experts, in HF bf16 exactly as in the engine (measured on the tiny
 MoE: both 3.95 off the float64 logits, against ~0.1 for a dense model). Float32 gets no such allowance.
 
@@ -41,15 +43,15 @@ SEVERAL = "a prefill batch of several requests, one with 2+ prompt tokens"
 
 
 def check_prefill(engine: Engine, ref: HFOracle, specs: list[RequestSpec], same_dtype: HFOracle | None = None) -> None:
-    """same_dtype: HF at the engine's dtype, whose own error against ref is allowed on top of the tolerance."""
+    """same_dtype: HF at the engine's dtype, whose own error against ref is the yardstick (oracle.tolerance)."""
     several = len(specs) > 1 and max(len(s.prompt) for s in specs) > 1
     exercised(SEVERAL, several)
     tol = logit_tolerance(engine.dtype)
     for i, (spec, gen) in enumerate(zip(specs, run_requests(engine, specs))):
         expected = ref.prefill_logits(spec.prompt)
-        slack = 0.0 if same_dtype is None else logits_error(same_dtype.prefill_logits(spec.prompt), expected)
+        own = None if same_dtype is None else logits_error(same_dtype.prefill_logits(spec.prompt), expected)
         what = f"request {i} of {len(specs)}, prompt {list(spec.prompt)}"
-        assert_logits_close(gen.logits[0], expected, tol, what, slack)
+        assert_logits_close(gen.logits[0], expected, tol, what, own)
 
 
 @settings(max_examples=examples(4.0))
@@ -81,4 +83,6 @@ def test_prefill_logits_match_hf_smollm2(
     vocab = engines.get(smollm2).model_config.vocab_size
     one_token = sampling_params(vocab, greedy=True, max_tokens=st.just(1))
     specs = data.draw(batches(vocab, 3, 48, 1, one_token, min_size=2), label="requests")
-    check_prefill(engines.get(smollm2), oracle(smollm2, torch.float64), specs)
+    engine = engines.get(smollm2)
+    same_dtype = None if engine.dtype == torch.float32 else oracle(smollm2, engine.dtype)
+    check_prefill(engine, oracle(smollm2, torch.float64), specs, same_dtype)

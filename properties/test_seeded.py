@@ -4,10 +4,11 @@
   generator seeded differently each time. Every request must produce identical tokens and bitwise identical
   logits: nothing may read the engine's generator. (Unseeded sampled batch-mates are left to the sampler-level
   test below: their tokens change with the generator, and a MoE layer groups a batch's tokens by expert, so a
-  mate's different token can change the rounding of another row's logits.) Floor: in 50% of the examples a seeded
+  mate's different token can change the rounding of another row's logits.) Floor: in 30% of the examples a seeded
   request's tokens would change with probability >= 1/2 if its draws used other noise (1 - prod_t sum_i p_t[i]^2),
-  so a generator read would likely show; half the seeded targets draw filters that keep several tokens alive
-  (spread_params): 67% under `ci`, against 37% with the edge filters alone.
+  so a generator read would likely show; two thirds of the seeded targets draw filters that keep several tokens
+  alive (spread_params): 58% of 480 `deep` examples, so 30 `ci` examples miss the floor with probability 5e-4
+  (1.4e-1 at a 50% floor, which cpu-bf16 missed).
 * Batch independence, at the sampler: one seeded row, at the same position, is sampled inside a batch (other rows,
   other parameters, anywhere in the batch) and alone, with differently seeded samplers. Its filtered distribution
   must be bitwise identical and its token the same. (This found a row with top_p = 1 losing its tail tokens
@@ -89,12 +90,13 @@ def change_probability(rows: list[torch.Tensor], params: SamplingParams) -> floa
 
 @settings(max_examples=examples(1.2))
 @given(data=st.data())
-@floors({NOISY_TOKENS: 0.5})
+@floors({NOISY_TOKENS: 0.3})
 def test_same_seed_gives_same_tokens(data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool) -> None:
     arch = data.draw(st.sampled_from(continuous_archs(engines.target)), label="arch")
     steps = st.integers(1, 10)
-    # Edge filters often leave one token, whose draw no noise can change: most targets keep several alive.
-    seeded = sampling_params(TINY_VOCAB, greedy=False, seeded=True, max_tokens=steps) | spread_params(TINY_VOCAB, steps)
+    # Edge filters often leave one token, whose draw no noise can change: two thirds of targets keep several alive.
+    spread = spread_params(TINY_VOCAB, steps)
+    seeded = st.one_of(sampling_params(TINY_VOCAB, greedy=False, seeded=True, max_tokens=steps), spread, spread)
     targets = data.draw(batches(TINY_VOCAB, 3, 32, params=seeded), label="seeded")
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 10))
     others = data.draw(batches(TINY_VOCAB, 3, 32, params=greedy, min_size=0), label="greedy")
