@@ -13,7 +13,7 @@ ifdef PLUGIN
 export HFPARITY_PLUGINS := $(PLUGIN)
 endif
 
-.PHONY: venv model test demo lint kernels properties-deep mutants bench bench-baseline clean
+.PHONY: venv model test fast demo lint kernels properties-deep mutants bench bench-baseline clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ model: venv
 	$(BIN)/python -m oracle.zoo smollm2
 
 # Benchmarks run once each with timing disabled, so they keep working; speed is measured by `make bench`.
+# A second documented target too: the deterministic properties at cpu-bf16 (all of them: `tox -e cpu-bf16`).
 test: venv model
 	$(BIN)/python -m pytest tests properties benchmarks --benchmark-disable -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest properties --target cpu-bf16 -m "not statistical" -q $(PYTEST_ARGS)
+
+# The kernel engineer's loop: cheapest properties first, 3 examples each, first failure only, shrinking cut short.
+fast: venv model
+	$(BIN)/python -m pytest properties -x -q --hypothesis-profile=fast $(PYTEST_ARGS)
 
 demo: venv model
 	$(BIN)/python examples/drive_engine.py
