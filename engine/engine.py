@@ -51,7 +51,8 @@ class _Choices:
 
 @dataclass
 class ForwardOutput:
-    """One step's tokens: on the device at once, on the host behind copy_done_event. The step's errors (a row with
+    """One step's tokens: on the device at once (the caller's current stream is ordered after the step, so its reads
+    of the device tensors see them written), on the host behind copy_done_event. The step's errors (a row with
     nothing to sample, a page table that failed the slot checks) travel with the host tokens and are raised by
     result(), after the step is undone."""
 
@@ -359,6 +360,11 @@ class Engine:
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
+    def _caller_waits(self) -> None:
+        """Order the caller's stream after the engine's: a step's device outputs (tokens, logits) are read there."""
+        if isinstance(self.device.stream, torch.cuda.Stream):
+            torch.cuda.current_stream(self.device.torch_device).wait_stream(self.device.stream)
+
     def _graph_step(self, packed: torch.Tensor, layout: InputLayout, batch: Batch) -> StepOutputs:
         """A whole decode step, as the graph runner captures it: inputs, device metadata, model, greedy tokens."""
         inputs = self._unpack(packed, layout)
@@ -411,6 +417,7 @@ class Engine:
             for req in batch.reqs:
                 req.complete_one()
                 self.live_rows[req.table_idx] = (req.cached_len, req.uid)
+        self._caller_waits()
         record = _StepRecord(self, batch, args, logits, undo_draws, live_before)
         return ForwardOutput(next_tokens, event, logits, host, record)
 

@@ -45,6 +45,26 @@ def test_forward_runs_on_its_own_stream_with_a_real_event(wide_models: dict[str,
     engine.shutdown()
 
 
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_step_outputs_are_ordered_before_the_callers_stream(wide_models: dict[str, Path], phase: str) -> None:
+    """The engine's stream is held back by a long sleep; a read on the caller's stream straight after forward_batch
+    must still see the step's logits and tokens (eager prefill; decode replays a graph's static outputs)."""
+    engine = gpu_engine(wide_models["qwen3"])
+    prompt = torch.tensor(random_prompt(2, 9, 512), dtype=torch.int32)
+    req = Req(prompt, 0, 0, 3, 0, SamplingParams(max_tokens=3))
+    engine.page_table[0, :12] = torch.arange(12, dtype=torch.int32, device="cuda")
+    if phase == "decode":
+        req.append_host(int(engine.forward_batch(*engine.prepare_batch([req], "prefill")).next_tokens_cpu[0]))
+    batch, args = engine.prepare_batch([req], phase)
+    with torch.cuda.stream(engine.device.stream):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles before the step runs
+    out = engine.forward_batch(batch, args)
+    logits, tokens = out.logits.clone(), out.next_tokens_gpu.clone()  # on the caller's stream
+    torch.cuda.synchronize()
+    assert torch.equal(logits, out.logits) and torch.equal(tokens, out.next_tokens_gpu)
+    engine.shutdown()
+
+
 def test_kv_pool_is_planned_from_free_device_memory(wide_models: dict[str, Path]) -> None:
     free_before, _ = torch.cuda.mem_get_info()
     ratio = 0.02
