@@ -27,7 +27,7 @@ from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import TorchKernels, TritonKernels
 from engine.layers.norm import RMSNorm
-from engine.sample import Sampler
+from engine.sample import BaseSampler, Sampler
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.plugin import MUTANT_ENV
 from oracle.mutants.runner import REPO_ROOT, Job, run_one
@@ -35,6 +35,7 @@ from oracle.target import parse
 
 # Everything a mutant may patch: a class dict or a module dict.
 PATCHED: tuple[type | ModuleType, ...] = (
+    BaseSampler,
     Sampler,
     Engine,
     KVCachePool,
