@@ -1,4 +1,10 @@
-"""The sampler: greedy, top-k, top-p, min-p with per-request parameters, in HF's order.
+"""Sampling: the interface, BaseSampler, and its reference, Sampler (greedy, top-k, top-p, min-p, in HF's order).
+
+BaseSampler keeps what every sampler must do alike: per-request seeds (step_seed of (seed, position), so a seeded
+row's tokens do not depend on its batch), greedy rows (the raw logits' first argmax), the non-finite rows below, and
+the undo of the random streams. A plugin implements filtered_probs (the distribution each sampled row draws from)
+and may override noise (the Exp(1) draw of the exponential race) or draw (the whole filtered-probability and draw
+step, e.g. one fused kernel); it registers a SamplerFactory in SAMPLERS.
 
 Order and tie rules are HF's logits processors', decided in float32 as transformers computes them: temperature
 (logits / T) → top-k (every token tied with the k-th score is kept, so top_k = 1 keeps every tied maximum) → top-p
@@ -27,8 +33,10 @@ undo, and the engine raises when the caller reads the tokens (ForwardOutput.resu
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -45,6 +53,8 @@ _PHILOX_STRIDE = 1 << 20
 
 @dataclass
 class BatchSamplingArgs:
+    """What prepare() hands every hook: one entry per batch row, tensors on the sampler's device."""
+
     all_greedy: bool
     greedy: torch.Tensor  # bool [bs]
     temperature: torch.Tensor  # float32 [bs]; 1.0 on greedy rows, never read there
@@ -68,11 +78,14 @@ def step_seed(seed: int, position: int) -> int:
     return (x ^ (x >> 31)) % 2**63
 
 
-class Sampler:
-    def __init__(
-        self, device: torch.device, vocab_size: int, seed: int | None = None, use_flashinfer: bool | None = None
-    ) -> None:
-        """use_flashinfer: None picks it on CUDA when the package is installed; True requires it."""
+class BaseSampler(ABC):
+    """The interface: the engine calls prepare(batch) on the host, then sample_deferred(logits, args), both kept
+    here. Hooks: filtered_probs (required), draw, noise; a sampler with random streams besides self.generator
+    extends reseed and saved_streams (calling super)."""
+
+    use_flashinfer = False  # True where draws decide on float32 probabilities (FlashInfer's): checks skip their ties
+
+    def __init__(self, device: torch.device, vocab_size: int, seed: int | None = None) -> None:
         self.device = device
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
@@ -81,28 +94,22 @@ class Sampler:
         else:
             self.generator.manual_seed(seed)
         self._greedy_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        usable = device.type == "cuda" and flashinfer_installed()
-        if use_flashinfer and not usable:
-            raise ConfigError("FlashInfer sampling needs a CUDA device and the flashinfer package (see docs/gpu.md)")
-        self.use_flashinfer = usable if use_flashinfer is None else use_flashinfer
-        if self.use_flashinfer:
-            import flashinfer.sampling
-
-            self._fi = flashinfer.sampling
-            # Seed and offset live on the device and every draw advances the offset there, so a captured graph
-            # draws fresh numbers at each replay instead of replaying the ones baked in at capture.
-            self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
-            self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
 
     def reseed(self, seed: int) -> None:
-        """Restart every random stream from `seed`: the torch generator and FlashInfer's Philox seed and offset
-        (updated in place, so captured graphs follow)."""
+        """Restart every random stream from `seed`."""
         self.generator.manual_seed(seed)
-        if self.use_flashinfer:
-            self.philox_seed.fill_(self.generator.initial_seed() % 2**63)
-            self.philox_offset.zero_()
+
+    def saved_streams(self) -> Callable[[], None]:
+        """An undo for the draws about to be made: puts every random stream back (no host sync)."""
+        state = self.generator.get_state()
+
+        def undo() -> None:
+            self.generator.set_state(state)
+
+        return undo
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        """The batch's sampling parameters on the device, one row per request; a seeded row's is step_seed's."""
         reqs: list[Req] = batch.reqs
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
@@ -144,9 +151,9 @@ class Sampler:
         return tokens
 
     def sample_deferred(self, logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Like sample, without a host sync: (tokens, undo), where a row with nothing to sample holds -1 (its
-        draw is made from a harmless stand-in row). A caller that finds a -1 calls undo(), which puts the random
-        streams back as they were before this call, and then raise_for_rows."""
+        """Like sample, without a host sync: (tokens, undo), int32 [bs] on the logits' device, where a row with
+        nothing to sample holds -1 (draw saw a one-hot stand-in for it). A caller that finds a -1 calls undo(),
+        which puts the random streams back as they were before this call, and then raise_for_rows."""
         bs = len(args.row_seeds)
         if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
             raise InvalidRequestError(
@@ -154,48 +161,123 @@ class Sampler:
             )
         if args.all_greedy:
             return greedy_tokens(logits), no_draws
-        bad = ~logits.amax(dim=-1).isfinite()
+        # The filters keep each row's top token, so a row has nothing to sample iff its largest score is not finite.
+        bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
         argmax = logits.argmax(dim=-1)
-        undo = self._saved_streams()
-        if self.draws_with_flashinfer(args):
-            # The filters leave a finite row finite, so the unfiltered softmax shows every bad row.
-            probs = _tempered_softmax(logits, args)
-            bad = bad | (probs.isnan().any(dim=-1) & ~args.greedy)
-            sampled = self.flashinfer_draw(_stand_in(probs, bad), args)
-        else:
-            probs = self.filtered_probs(logits, args)
-            bad = bad | (probs.isnan().any(dim=-1) & ~args.greedy)
-            probs = _stand_in(probs, bad)
-            sampled = (probs / self._exponential_noise(probs, args.row_seeds)).argmax(dim=-1)
+        undo = self.saved_streams()
+        sampled = self.draw(_stand_in(logits, bad), args)
         tokens = torch.where(args.greedy, argmax, sampled)
         return torch.where(bad, -1, tokens).to(torch.int32), undo
 
-    def _saved_streams(self) -> Callable[[], None]:
-        """An undo for the draws about to be made: the generator's state (host-side, no sync) and FlashInfer's
-        device offset (a copy on the stream)."""
-        state = self.generator.get_state()
-        offset = self.philox_offset.clone() if self.use_flashinfer else None
+    def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
+        """Whether this batch's draws decide on float32 probabilities (use_flashinfer), so ties may split otherwise."""
+        return False
+
+    def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """The distribution each row of sample() draws from, float32 [bs, vocab], for exact checks: a one-hot on the
+        argmax for greedy rows, else filtered_probs."""
+        return with_greedy_rows(logits, args, self.filtered_probs(logits, args))
+
+    @abstractmethod
+    def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """float32 [bs, vocab] probabilities each sampled row draws from: HF's temperature, top-k, top-p and min-p
+        by the module doc's rules (greedy rows: anything finite). Every row of logits has a finite maximum."""
+
+    def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """One token id per row (int64 [bs], on the device, no host sync) from filtered_probs: the exponential race
+        argmax(p / E), E = noise(p, args.row_seeds). Greedy rows' tokens are discarded. Every row has a finite
+        maximum: sample_deferred hands rows with nothing to sample in as a one-hot stand-in."""
+        probs = self.filtered_probs(logits, args)
+        return (probs / self.noise(probs, args.row_seeds)).argmax(dim=-1)
+
+    def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
+        """Exp(1) noise shaped like probs, never 0: from self.generator, except each row with a seed, which draws
+        from a generator of its own seeded with it (so its tokens do not depend on the batch)."""
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for row, seed in enumerate(row_seeds):
+            if seed is not None:
+                gen = torch.Generator(device=probs.device).manual_seed(seed)
+                noise[row].exponential_(generator=gen)
+        # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
+        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+    @staticmethod
+    def raise_for_rows(rows: list[int], args: BatchSamplingArgs, logits: torch.Tensor) -> None:
+        """Raise NonFiniteLogitsError for these batch rows (none: return)."""
+        if not rows:
+            return
+        uids = [args.uids[r] for r in rows] if args.uids else rows
+        row = logits[rows[0]]
+        what = (
+            "NaN logits" if bool(row.isnan().any())
+            else "+inf logits" if bool(row.isposinf().any())
+            else "every logit -inf" if bool(row.isneginf().all())
+            else f"logits / temperature={float(args.temperature[rows[0]])} overflowing float32"
+        )
+        raise NonFiniteLogitsError(
+            f"request(s) {uids} (batch rows {rows}) have no token to sample: row {rows[0]} has {what}; the model "
+            "produced non-finite values (check its weights and dtype) or the temperature is too small. Abort these "
+            "requests; the other rows are unaffected",
+            rows,
+            uids,
+        )
+
+
+class Sampler(BaseSampler):
+    """The reference: HF's filters in torch, the exponential race; on CUDA optionally FlashInfer's kernels."""
+
+    def __init__(
+        self, device: torch.device, vocab_size: int, seed: int | None = None, use_flashinfer: bool | None = None
+    ) -> None:
+        """use_flashinfer: None picks it on CUDA when the package is installed; True requires it."""
+        super().__init__(device, vocab_size, seed)
+        usable = device.type == "cuda" and flashinfer_installed()
+        if use_flashinfer and not usable:
+            raise ConfigError("FlashInfer sampling needs a CUDA device and the flashinfer package (see docs/gpu.md)")
+        self.use_flashinfer = usable if use_flashinfer is None else use_flashinfer
+        if self.use_flashinfer:
+            import flashinfer.sampling
+
+            self._fi = flashinfer.sampling
+            # Seed and offset live on the device and every draw advances the offset there, so a captured graph
+            # draws fresh numbers at each replay instead of replaying the ones baked in at capture.
+            self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
+            self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def reseed(self, seed: int) -> None:
+        """Also FlashInfer's Philox seed and offset (updated in place, so captured graphs follow)."""
+        super().reseed(seed)
+        if self.use_flashinfer:
+            self.philox_seed.fill_(self.generator.initial_seed() % 2**63)
+            self.philox_offset.zero_()
+
+    def saved_streams(self) -> Callable[[], None]:
+        """Also FlashInfer's device offset (a copy on the stream)."""
+        undo_generator = super().saved_streams()
+        if not self.use_flashinfer:
+            return undo_generator
+        offset = self.philox_offset.clone()
 
         def undo() -> None:
-            self.generator.set_state(state)
-            if offset is not None:
-                self.philox_offset.copy_(offset)
+            undo_generator()
+            self.philox_offset.copy_(offset)
 
         return undo
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
-        """Whether sample() draws this batch with FlashInfer's kernels (no seeded row) rather than the torch path."""
+        """FlashInfer's kernels draw batches without a seeded row; the others keep the torch path."""
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """The distribution each row of sample() draws from, float32 [bs, vocab], for exact checks: a one-hot on the
-        argmax for greedy rows, else the filtered probabilities of the path sample() takes for this batch."""
-        if self.draws_with_flashinfer(args):
-            filtered = self.flashinfer_probs(_tempered_softmax(logits, args), args)
-        else:
-            filtered = self.filtered_probs(logits, args)
-        one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
+        if not self.draws_with_flashinfer(args):
+            return super().row_distributions(logits, args)
+        return with_greedy_rows(logits, args, self.flashinfer_probs(_tempered_softmax(logits, args), args))
+
+    def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        if not self.draws_with_flashinfer(args):
+            return super().draw(logits, args)
+        return self.flashinfer_draw(_tempered_softmax(logits, args), args)
 
     def _flashinfer_filters(
         self, probs: torch.Tensor, args: BatchSamplingArgs
@@ -244,27 +326,6 @@ class Sampler:
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
 
-    @staticmethod
-    def raise_for_rows(rows: list[int], args: BatchSamplingArgs, logits: torch.Tensor) -> None:
-        """Raise NonFiniteLogitsError for these batch rows (none: return)."""
-        if not rows:
-            return
-        uids = [args.uids[r] for r in rows] if args.uids else rows
-        row = logits[rows[0]]
-        what = (
-            "NaN logits" if bool(row.isnan().any())
-            else "+inf logits" if bool(row.isposinf().any())
-            else "every logit -inf" if bool(row.isneginf().all())
-            else f"logits / temperature={float(args.temperature[rows[0]])} overflowing float32"
-        )
-        raise NonFiniteLogitsError(
-            f"request(s) {uids} (batch rows {rows}) have no token to sample: row {rows[0]} has {what}; the model "
-            "produced non-finite values (check its weights and dtype) or the temperature is too small. Abort these "
-            "requests; the other rows are unaffected",
-            rows,
-            uids,
-        )
-
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """The probability vector each sampled row draws from (float32), by the module doc's rules."""
         scores = logits / args.temperature.unsqueeze(1)
@@ -286,16 +347,6 @@ class Sampler:
             scores = scores.masked_fill(probs < threshold, float("-inf"))
         return scores.softmax(dim=-1)
 
-    def _exponential_noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self.generator)
-        for row, seed in enumerate(row_seeds):
-            if seed is not None:
-                gen = torch.Generator(device=probs.device).manual_seed(seed)
-                noise[row].exponential_(generator=gen)
-        # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
-        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """int32 [bs]: each row's first argmax, -1 on a row with nothing to sample (amax propagates NaN, so one
@@ -308,12 +359,18 @@ def no_draws() -> None:
     """The undo of a draw that drew nothing (an all-greedy batch)."""
 
 
-def _stand_in(probs: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    """probs with each bad row replaced by a one-hot on token 0, so the draw kernels never see a NaN row; those
-    rows' tokens are discarded (-1) anyway."""
-    one_hot = torch.zeros_like(probs[:1])
-    one_hot[:, 0].fill_(1.0)  # a fill, not an item assignment: that would copy from the host and wait
-    return torch.where(bad.unsqueeze(1), one_hot, probs)
+def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: torch.Tensor) -> torch.Tensor:
+    """filtered with each greedy row replaced by a one-hot on its argmax."""
+    one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
+
+
+def _stand_in(logits: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """logits with each bad row replaced by a one-hot on token 0 (0 there, -inf elsewhere), so the draw never sees a
+    row with nothing to sample; those rows' tokens are discarded (-1) anyway."""
+    one_hot = torch.full_like(logits[:1], float("-inf"))
+    one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
+    return torch.where(bad.unsqueeze(1), one_hot, logits)
 
 
 def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -328,9 +385,14 @@ def flashinfer_sampling_unusable(where: Where) -> str | None:
     return None
 
 
-SamplerFactory = Callable[[torch.device, int, "int | None"], Sampler]
+class SamplerFactory(Protocol):
+    """What SAMPLERS holds: (device, vocab size, engine seed or None for a random one) → a BaseSampler."""
+
+    def __call__(self, device: torch.device, vocab_size: int, seed: int | None, /) -> BaseSampler: ...
+
+
 SAMPLERS: Registry[SamplerFactory] = Registry("sampler_backend", preferred=("flashinfer",))
-"""Token samplers by name (EngineConfig.sampler_backend); a factory takes (device, vocab_size, seed)."""
+"""Token samplers by name (EngineConfig.sampler_backend)."""
 SAMPLERS.register("torch", lambda device, vocab, seed: Sampler(device, vocab, seed, use_flashinfer=False))
 SAMPLERS.register(
     "flashinfer",

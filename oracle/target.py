@@ -22,7 +22,7 @@ import torch
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, EngineConfig, Where
 from engine.config import DTYPES
 from engine.registry import Registry
-from engine.sample import Sampler
+from engine.sample import BaseSampler
 
 from .tolerance import LOGIT_TOLERANCES, LogitTolerance, logit_tolerance
 
@@ -110,7 +110,7 @@ class Target:
         settings.update(fields)
         return EngineConfig(str(model), **settings)
 
-    def make_sampler(self, vocab_size: int, seed: int) -> Sampler:
+    def make_sampler(self, vocab_size: int, seed: int) -> BaseSampler:
         """The target's token sampler on its device, as an engine would build it."""
         where = Where(self.torch_device, self.torch_dtype, self.head_dim)
         return SAMPLERS.factory(SAMPLERS.resolve(self.sampler, where))(self.torch_device, vocab_size, seed)

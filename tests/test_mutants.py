@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import TorchKernels, TritonKernels
 from engine.layers.norm import RMSNorm
-from engine.sample import Sampler
+from engine.sample import BaseSampler, Sampler
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.plugin import MUTANT_ENV
 from oracle.mutants.runner import REPO_ROOT, Job, run_one
@@ -35,6 +36,7 @@ from oracle.target import parse
 
 # Everything a mutant may patch: a class dict or a module dict.
 PATCHED: tuple[type | ModuleType, ...] = (
+    BaseSampler,
     Sampler,
     Engine,
     KVCachePool,
@@ -168,4 +170,35 @@ def test_fast_kill_table_kills_every_mutant(tmp_path: Path) -> None:
     survivors = {n: r["status"] for n, r in runs.items() if n in MUTANTS and r["status"] != "killed"}
     assert not survivors, proc.stdout[-3000:]
     assert set(runs) == {"(baseline)", *mutants_for("cpu")}
+    assert proc.returncode == 0
+
+
+def _uninstalled_python(root: Path) -> Path:
+    """A virtual environment holding every package of this one except the project (its dist-info and editable
+    finder), so nothing but PYTHONPATH can bring the checkout: no pytest11 or hfparity.plugins entry point."""
+    packages = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    packages.mkdir(parents=True)
+    for entry in (e for d in site.getsitepackages() for e in Path(d).iterdir()):
+        owned = entry.name.startswith(("hfparity_engine", "hfparity-engine", "__editable__"))
+        if not owned and not (entry.suffix == ".pth" and "hfparity" in entry.read_text(errors="replace")):
+            (packages / entry.name).symlink_to(entry)
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    home = Path(getattr(sys, "_base_executable", sys.executable)).resolve().parent
+    (root / "pyvenv.cfg").write_text(f"home = {home}\ninclude-system-site-packages = false\n")
+    return root / "bin" / "python"
+
+
+def test_the_kill_table_runs_from_a_checkout_that_is_not_installed(tmp_path: Path) -> None:
+    """Only on PYTHONPATH (a GPU box): the children's pytest still loads the harness plugin, so the baseline
+    passes and the mutant is killed."""
+    python = _uninstalled_python(tmp_path / "venv")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    probe = "import importlib.metadata as m; print(sorted(e.value for e in m.entry_points(group='pytest11')))"
+    found = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert "oracle" not in found and "hfparity" not in found, found
+    cmd = [str(python), "-m", "oracle.mutants", "--fast", "--only", "seed_ignored", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    runs = {r["mutant"]: r["status"] for r in json.loads((tmp_path / "mutants-fast.json").read_text())["runs"]}
+    assert runs == {"(baseline)": "passed", "seed_ignored": "killed"}, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from scipy.stats import binomtest
 
-from engine import Batch, Req, SamplingParams
-from engine.sample import Sampler
+from engine import Batch, NonFiniteLogitsError, Req, SamplingParams
+from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
 
 VOCAB = 6
 
@@ -149,3 +150,37 @@ def test_reseed_replays_the_draws_of_a_fresh_sampler() -> None:
     used.sample(logits, used.prepare(batch))
     used.reseed(11)
     assert torch.equal(used.sample(logits, used.prepare(batch)), expected)
+
+
+class TemperatureOnly(BaseSampler):
+    """A plugin with only the required hook: softmax(logits / T), no filters."""
+
+    def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        return (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
+
+
+class NoNoise(TemperatureOnly):
+    def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
+        return torch.ones_like(probs)
+
+
+def test_a_plugin_with_only_filtered_probs_gets_greedy_rows_seeds_and_non_finite_rows_from_the_base() -> None:
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(2))
+    logits[2] = math.nan
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=1.0)]
+    sampler = TemperatureOnly(torch.device("cpu"), 40, seed=0)
+    tokens, undo = sampler.sample_deferred(logits, sampler.prepare(_batch(params)))
+    assert tokens.dtype == torch.int32 and tokens.shape == (4,)
+    assert tokens[0] == logits[0].argmax() and tokens[2] == -1
+    undo()
+    with pytest.raises(NonFiniteLogitsError, match="NaN logits"):
+        sampler.sample(logits, sampler.prepare(_batch(params)))
+    other = TemperatureOnly(torch.device("cpu"), 40, seed=1)  # the seeded row draws the same token anyway
+    assert _draw(other, logits[1:2], params[1:2]) == tokens[1]
+
+
+def test_the_draw_divides_by_the_noise_hook() -> None:
+    logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(3))
+    tokens = _draw(NoNoise(torch.device("cpu"), 40, seed=0), logits, [SamplingParams(temperature=1.0)] * 8)
+    assert torch.equal(tokens, logits.argmax(dim=-1).int())

@@ -37,12 +37,12 @@ from engine.inputs import BatchInputs, InputLayout
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import LayerKernels
 from engine.layers.norm import RMSNorm
-from engine.sample import BatchSamplingArgs, Sampler
+from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
 
 Patch = Callable[[], contextlib.AbstractContextManager[None]]
 
 _ORIGINAL_FILTERED_PROBS = Sampler.filtered_probs
-_ORIGINAL_PREPARE = Sampler.prepare
+_ORIGINAL_PREPARE = BaseSampler.prepare
 _ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
 _ORIGINAL_STORE_KV = KVCachePool.store_kv
 _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
@@ -134,13 +134,13 @@ def _min_p_untempered_max(self: Sampler, logits: torch.Tensor, args: BatchSampli
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def _prepare_greedy_lost(self: Sampler, batch: Batch) -> BatchSamplingArgs:
+def _prepare_greedy_lost(self: BaseSampler, batch: Batch) -> BatchSamplingArgs:
     """The greedy mask is dropped in a mixed batch: greedy rows (temperature 1.0 in the args) are sampled too."""
     args = _ORIGINAL_PREPARE(self, batch)
     return args if args.all_greedy else _only(args, greedy=torch.zeros_like(args.greedy))
 
 
-def _prepare_seeds_dropped(self: Sampler, batch: Batch) -> BatchSamplingArgs:
+def _prepare_seeds_dropped(self: BaseSampler, batch: Batch) -> BatchSamplingArgs:
     """Per-request seeds are dropped: every row draws its noise from the engine-wide generator."""
     args = _ORIGINAL_PREPARE(self, batch)
     return _only(args, row_seeds=[None] * len(args.row_seeds))
@@ -180,7 +180,7 @@ def _top_k_exactly_k(self: Sampler, logits: torch.Tensor, args: BatchSamplingArg
     )
 
 
-def _prepare_top_k_one_greedy(self: Sampler, batch: Batch) -> BatchSamplingArgs:
+def _prepare_top_k_one_greedy(self: BaseSampler, batch: Batch) -> BatchSamplingArgs:
     """Rows with top_k = 1 are treated as greedy: the argmax, where HF samples among tied maxima."""
     args = _ORIGINAL_PREPARE(self, batch)
     top_k_one = torch.tensor([r.sampling_params.top_k == 1 for r in batch.reqs], device=args.greedy.device)
@@ -350,11 +350,11 @@ def min_p_wrong_max() -> contextlib.AbstractContextManager[None]:
 
 
 def greedy_rows_sampled() -> contextlib.AbstractContextManager[None]:
-    return _swap(Sampler, "prepare", _prepare_greedy_lost)
+    return _swap(BaseSampler, "prepare", _prepare_greedy_lost)
 
 
 def seed_ignored() -> contextlib.AbstractContextManager[None]:
-    return _swap(Sampler, "prepare", _prepare_seeds_dropped)
+    return _swap(BaseSampler, "prepare", _prepare_seeds_dropped)
 
 
 def rope_off_by_one() -> contextlib.AbstractContextManager[None]:
@@ -467,7 +467,7 @@ def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
 
 
 def seed_position_lost() -> contextlib.AbstractContextManager[None]:
-    # Sampler.prepare reaches step_seed through engine.sample's module-level name; only that name is rebound.
+    # BaseSampler.prepare reaches step_seed through engine.sample's module-level name; only that name is rebound.
     return _swap(sample, "step_seed", _step_seed_without_position)
 
 
@@ -499,7 +499,7 @@ def top_k_drops_ties() -> contextlib.AbstractContextManager[None]:
 
 
 def top_k_one_is_greedy() -> contextlib.AbstractContextManager[None]:
-    return _swap(Sampler, "prepare", _prepare_top_k_one_greedy)
+    return _swap(BaseSampler, "prepare", _prepare_top_k_one_greedy)
 
 
 def flashinfer_joint_order() -> contextlib.AbstractContextManager[None]:

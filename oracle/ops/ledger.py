@@ -58,7 +58,7 @@ BUILTIN_HOMES = (
     Home(label("attention", REFERENCE), "engine.attention.torch_backend"),
     Home(label("attention", "flashinfer"), "flashinfer.", ("BatchPrefill", "BatchDecode")),
     Home(label("sampler", "flashinfer"), "flashinfer.sampling"),
-    Home(label("sampler", REFERENCE), "engine.sample", ("Sampler.filtered_probs", "Sampler._exponential_noise")),
+    Home(label("sampler", REFERENCE), "engine.sample", ("Sampler.filtered_probs", "BaseSampler.noise")),
 )
 
 

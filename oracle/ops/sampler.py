@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
-from engine.sample import BatchSamplingArgs, Sampler
+from engine.sample import BaseSampler, BatchSamplingArgs
 
 from ..checks import check_filtered_distribution
 from ..sampler import reference_distribution
@@ -29,12 +29,12 @@ SEED_VOCAB = 32768
 SEED_POSITIONS = 3
 
 
-def _args(sampler: Sampler, params: list[SamplingParams], positions: list[int]) -> BatchSamplingArgs:
+def _args(sampler: BaseSampler, params: list[SamplingParams], positions: list[int]) -> BatchSamplingArgs:
     reqs = [Req([0] * pos, i, pos - 1, 1, i, p) for i, (p, pos) in enumerate(zip(params, positions))]
     return sampler.prepare(Batch(reqs, "decode"))
 
 
-def _declared(bench: Bench, sampler: Sampler, args: BatchSamplingArgs) -> tuple[str, str | None]:
+def _declared(bench: Bench, sampler: BaseSampler, args: BatchSamplingArgs) -> tuple[str, str | None]:
     name = str(bench.target.resolved("sampler"))
     if sampler.use_flashinfer and not sampler.draws_with_flashinfer(args):
         return label("sampler", name), "batches with a seeded row draw on the torch path"
