@@ -178,9 +178,12 @@ def _uninstalled_python(root: Path) -> Path:
     finder), so nothing but PYTHONPATH can bring the checkout: no pytest11 or hfparity.plugins entry point."""
     packages = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     packages.mkdir(parents=True)
-    for entry in (e for d in site.getsitepackages() for e in Path(d).iterdir()):
+    # Only the dirs that exist (a system Python lists some that do not), the first of a name winning, as on sys.path.
+    dirs = [Path(d) for d in site.getsitepackages() if Path(d).is_dir()]
+    for entry in (e for d in dirs for e in d.iterdir()):
         owned = entry.name.startswith(("hfparity_engine", "hfparity-engine", "__editable__"))
-        if not owned and not (entry.suffix == ".pth" and "hfparity" in entry.read_text(errors="replace")):
+        pth = entry.suffix == ".pth" and "hfparity" in entry.read_text(errors="replace")
+        if not owned and not pth and not (packages / entry.name).exists():
             (packages / entry.name).symlink_to(entry)
     (root / "bin").mkdir()
     (root / "bin" / "python").symlink_to(Path(sys.executable).resolve())

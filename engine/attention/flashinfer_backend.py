@@ -183,9 +183,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         common = {"q_data_type": self.dtype, "kv_data_type": self.dtype}
         heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
         if is_decode:
-            # A captured tensor-core decode keeps its capture's KV split; a replan that split otherwise read garbage.
-            split = {"disable_split_kv": True} if self.use_tensor_cores and wrapper is not self.decode_wrapper else {}
-            wrapper.plan(index.kv_indptr, meta.kv_indices, index.kv_last_page_len, *heads, **common, **split)
+            wrapper.plan(index.kv_indptr, meta.kv_indices, index.kv_last_page_len, *heads, **common)
         else:
             wrapper.plan(
                 index.qo_indptr, index.kv_indptr, meta.kv_indices, index.kv_last_page_len, *heads,
