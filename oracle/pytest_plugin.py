@@ -38,18 +38,23 @@ import re
 import shlex
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from oracle import coverage
-from oracle.drive import EnginePool
-from oracle.hf import HFOracle
-from oracle.ops.bench import Bench
-from oracle.ops.ledger import Ledger
-from oracle.plugins import PluginError, load_plugins, plugin_names
-from oracle.target import TARGET_ENV, Target, TargetError, from_env
+from oracle.plugins import PluginError, check_findable, load_plugins, plugin_names
+from oracle.target_spec import TARGET_ENV, TargetError, parse_spec, target_text
+
+if TYPE_CHECKING:  # torch and the engine load in pytest_configure, once the usage checks passed
+    import torch
+
+    from oracle.drive import EnginePool
+    from oracle.hf import HFOracle
+    from oracle.ops.bench import Bench
+    from oracle.ops.ledger import Ledger
+    from oracle.target import Target
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
@@ -62,8 +67,8 @@ settings.register_profile("ci-random", _COMMON, max_examples=25, derandomize=Fal
 # No shrinking on the GPU: a failing example is reported as found, since device time is scarce.
 settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, database=None, phases=_NO_SHRINK)
 
-_TARGET_KEY = pytest.StashKey[Target]()
-_LEDGER_KEY = pytest.StashKey[Ledger]()
+_TARGET_KEY: pytest.StashKey[Target] = pytest.StashKey()
+_LEDGER_KEY: pytest.StashKey[Ledger] = pytest.StashKey()
 
 MARKERS = (
     "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
@@ -92,6 +97,15 @@ def pin_hypothesis_constants() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:  # a misspelled target or a missing plugin stops the session before torch is imported
+        parse_spec(target_text(config.getoption("target")))
+        check_findable(config.getoption("plugin"))
+    except (TargetError, PluginError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    import torch
+
+    from oracle.target import from_env
+
     pin_hypothesis_constants()
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
@@ -169,6 +183,9 @@ def target(pytestconfig: pytest.Config) -> Target:
 @pytest.fixture(scope="session")
 def op_bench(pytestconfig: pytest.Config, target: Target) -> Bench:
     """The target's implementations for the op-level properties; what ran is summed up at the end of the session."""
+    from oracle.ops.bench import Bench
+    from oracle.ops.ledger import Ledger
+
     return Bench(target, pytestconfig.stash.setdefault(_LEDGER_KEY, Ledger()))
 
 
@@ -204,6 +221,8 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def engines(target: Target) -> Iterator[EnginePool]:
     """The target's engines, shut down at the end of the session."""
+    from oracle.drive import EnginePool
+
     pool = EnginePool(target)
     yield pool
     pool.close()
@@ -215,7 +234,12 @@ class OraclePool:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, torch.dtype, str], HFOracle] = {}
 
-    def __call__(self, model: str | Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> HFOracle:
+    def __call__(self, model: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> HFOracle:
+        import torch
+
+        from oracle.hf import HFOracle
+
+        dtype = torch.float64 if dtype is None else dtype
         key = (str(model), dtype, device)
         if key not in self._cache:
             self._cache[key] = HFOracle(model, dtype=dtype, device=device)
