@@ -25,6 +25,7 @@ from oracle.__main__ import verify_main
 from oracle.mutants.__main__ import main as mutants_main
 from oracle.plugins import PLUGINS_ENV
 from oracle.target import TARGET_ENV
+from oracle.verify import FULL, QUICK
 from oracle.zoo.__main__ import main as zoo_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,18 +35,16 @@ Build = Callable[[Path, Path], list[str]]
 
 
 def _model(case: str, tiny: Path, tmp: Path) -> Path:
-    """A broken copy of the tiny model dir (or something that is not one) for a model-dir case."""
+    """A broken copy of the tiny model dir for a model-dir case."""
     path = tmp / f"model-{case}"
-    if case == "file":
-        path.write_text("not a model dir")
-    elif case == "no-config":
+    if case == "no-config":
         path.mkdir()
         shutil.copy(tiny / "model.safetensors", path)
     elif case in ("bad-json", "gpt2"):
         shutil.copytree(tiny, path)
         config = json.loads((path / "config.json").read_text()) | {"architectures": ["GPT2LMHeadModel"]}
         (path / "config.json").write_text("{not json" if case == "bad-json" else json.dumps(config))
-    return path  # "missing": never created
+    return path
 
 
 def _blocker(tmp: Path) -> Path:
@@ -90,7 +89,26 @@ VERIFY_CASES = [
     pytest.param(_args("--target", "cpu-fp32,dtype=fp8"), ("dtype='fp8'",), id="--target bad dtype"),
     pytest.param(_args("--target", "nowhere.toml"), ("nowhere.toml",), id="--target file missing"),
     pytest.param(_with(lambda t: ["--target", _toml(t, "preset = [")]), ("target.toml",), id="--target bad TOML"),
-    pytest.param(_args("--plugin", "no_such_plugin_module"), ("'no_such_plugin_module'",), id="unknown --plugin"),
+    pytest.param(
+        _args("--plugin", "no_such_plugin_module"),
+        ("'no_such_plugin_module'", "ModuleNotFoundError", "on sys.path", "PYTHONPATH", f"directory: {os.getcwd()}"),
+        id="unknown --plugin",
+    ),
+    pytest.param(
+        _args("--plugin", "no_such_package.mine"),
+        ("'no_such_package.mine'", "No module named 'no_such_package'", "PYTHONPATH"),
+        id="--plugin in a missing package",
+    ),
+    pytest.param(
+        lambda m, t: ["verify", "--model", str(t / "nowhere"), "--out", str(t / "o")],
+        ("--model", "nowhere", "is not a directory", "oracle.zoo smollm2"),
+        id="--model missing",
+    ),
+    pytest.param(
+        lambda m, t: ["verify", "--model", str(_blocker(t)), "--out", str(t / "o")],
+        ("--model", "a-file", "is not a directory"),
+        id="--model a file",
+    ),
     pytest.param(
         _with(lambda t: ["--plugin", _raising_plugin(t)]),
         ("'plugin_that_raises'", "RuntimeError", "broken on purpose"),
@@ -182,8 +200,6 @@ def test_a_bad_verify_invocation_is_one_error_line_and_exit_2_before_any_engine(
 
 
 MODEL_CASES = [
-    pytest.param("missing", ("model-missing", "is not a directory"), id="--model missing"),
-    pytest.param("file", ("model-file", "is not a directory"), id="--model a file"),
     pytest.param("no-config", ("model-no-config", "config.json"), id="--model without config.json"),
     pytest.param("bad-json", ("config.json", "is not valid JSON"), id="--model config.json not JSON"),
     pytest.param("gpt2", ("GPT2LMHeadModel",), id="--model unsupported architecture"),
@@ -325,9 +341,11 @@ def test_a_model_with_nan_weights_is_a_run_that_errors_not_a_model_that_could_no
     assert "verdict: ERROR" in captured.out
     data = json.loads((out / "verify-nan-qwen3.json").read_text())
     assert data["status"] == "error" and not data["passed"]
-    (error,) = [c for c in data["checks"] if c["status"] == "error"]
+    error, *_ = [c for c in data["checks"] if c["status"] == "error"]
     assert error["section"] == "run" and error["name"] == "greedy generation: NonFiniteLogitsError"
     assert "NaN logits" in error["detail"] and "check its weights" in error["detail"], error
+    # every section ran or says why not; none that needs the generations passed without them
+    assert not [c for c in data["checks"] if c["status"] == "pass" and c["section"] in ("greedy parity", "sampling")]
     assert "**ERROR**" in (out / "verify-nan-qwen3.md").read_text() and "<error" in junit.read_text()
 
 
@@ -335,3 +353,56 @@ def test_the_largest_seed_runs(qwen3: Path, tmp_path: Path) -> None:
     # The seeded-sampling section derives request seeds from it, which must stay in the engine's [0, 2**63).
     argv = ["verify", "--model", str(qwen3), "--quick", "--seed", str(2**63 - 1), "--out", str(tmp_path)]
     assert oracle_main(argv) == 0
+
+
+LIGHT = """
+import sys
+from oracle.__main__ import main
+code = main(sys.argv[1:])
+assert not {"torch", "engine", "rich"} & set(sys.modules), "HEAVY IMPORT"
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "--help"],
+        ["verify", "--model", "/nonexistent"],
+        ["verify", "--model", ".", "--target", "cpu-fp33"],
+        ["verify", "--model", ".", "--target", "cpu-fp32,speed=max"],
+        ["verify", "--model", ".", "--plugin", "no_such_plugin_module"],
+        ["verify", "--model", ".", "--fast"],
+    ],
+    ids=["--help", "missing --model dir", "bad --target", "bad --target key", "unknown --plugin", "bad option"],
+)
+def test_help_and_usage_errors_answer_before_torch_is_imported(argv: list[str], tmp_path: Path) -> None:
+    env = os.environ | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", LIGHT, *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == (0 if "--help" in argv else 2), proc.stderr
+    assert "HEAVY IMPORT" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_pytest_stops_on_a_bad_target_before_torch_is_imported(tmp_path: Path) -> None:
+    script = (
+        "import sys, pytest\n"
+        "code = pytest.main(['--target', 'cpu-fp33', '-p', 'no:cacheprovider', '--co', '-q'])\n"
+        "assert 'torch' not in sys.modules, 'HEAVY IMPORT'\n"
+        "sys.exit(code)\n"
+    )
+    env = os.environ | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, (proc.stdout, proc.stderr)
+    assert "unknown target preset 'cpu-fp33'" in proc.stderr and "HEAVY IMPORT" not in proc.stderr, proc.stderr
+
+
+def test_the_quick_help_says_what_quick_changes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert oracle_main(["verify", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    shrinks = {"prompts": "prompts", "max_tokens": "new tokens", "kernel_examples": "kernel examples"}
+    for field, words in shrinks.items():
+        assert getattr(QUICK, field) < getattr(FULL, field) and f"fewer {words}" in text, field
+    assert len(QUICK.grid) < len(FULL.grid) and "fewer sampling grid points" in text
+    assert QUICK.samples > FULL.samples and "draws more samples" in text and "fewer samples" not in text

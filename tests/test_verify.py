@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +35,7 @@ from oracle.verify import (
     QUICK,
     Check,
     Environment,
+    SectionRun,
     VerifyResult,
     bucketed_tokens,
     check_bf16_norms,
@@ -42,7 +46,7 @@ from oracle.verify import (
 from oracle.verify.kernels import KERNEL_OPS
 from oracle.verify.magnitude import LARGE_SCORE
 from oracle.verify.plan import LONG_PROMPT_TOKENS, describe
-from oracle.verify.report import summary_lines
+from oracle.verify.report import failure_details, summary_lines
 
 SECTIONS = {
     "greedy parity",
@@ -55,7 +59,7 @@ SECTIONS = {
     "sampling",
 }
 LONG = f"{LONG_PROMPT_TOKENS} random ids"  # the long prompt's label on the tiny models, which have no tokenizer
-CHECK_FIELDS = {"name", "section", "value", "limit", "passes_when", "status", "detail"}
+CHECK_FIELDS = {"name", "section", "value", "limit", "passes_when", "status", "detail", "seconds"}
 
 
 def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
@@ -64,14 +68,23 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     model = tiny_models["qwen3"]
     junit = tmp_path / "junit" / "verify.xml"
     assert main(["verify", "--model", str(model), "--quick", "--out", str(tmp_path), "--junit", str(junit)]) == 0
-    stdout = capsys.readouterr().out
+    captured = capsys.readouterr()
+    stdout = captured.out
     assert "verdict: PASS" in stdout
+    # not a terminal (a CI log): one line per section as it ends, and one table row per section
+    assert re.search(r"^kernels: 13 passed \([0-9.]+ s\)$", captured.err, re.M), captured.err
+    assert re.search(r"^decode and split prefill: 8 passed \([0-9.]+ s\)$", captured.err, re.M), captured.err
+    assert "5 random ids, step" not in stdout  # a check's row: only with --verbose
     data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
     assert data["schema_version"] == 1 and data["status"] == "pass"
     assert data["passed"] and data["plan"] == "quick" and data["dtype"] == "float32"
     assert data["target"] == PRESETS["cpu-fp32"].describe() | {"page_sizes": list(PRESETS["cpu-fp32"].page_sizes)}
     assert data["commit"] and {"python", "torch", "transformers", "hfparity-engine"} <= set(data["versions"])
     assert data["device"]
+    assert datetime.fromisoformat(data["started"]).utcoffset() == timedelta(0)
+    assert data["rerun"] == f"python -m oracle verify --model {model} --target cpu-fp32 --quick --seed 0"
+    assert stdout.rstrip().endswith(f"rerun: {data['rerun']}")
+    assert data["plugin_files"] == [] and data["env"]["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]
     assert {c["section"] for c in data["checks"]} >= SECTIONS
     assert all(set(c) == CHECK_FIELDS for c in data["checks"])
     # a kernels check holds its op to the op's own assertion: it measures nothing against a limit
@@ -94,12 +107,27 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     assert f"  rms_norm: kernels=torch x{QUICK.kernel_examples}" in stdout
     markdown = (tmp_path / "verify-tiny-qwen3.md").read_text()
     assert "**PASS**" in markdown and "](verify-tiny-qwen3.png)" in markdown
+    assert f"Rerun: `{data['rerun']}`" in markdown and "## Provenance" in markdown
     assert f"| linear | kernels=torch x{QUICK.kernel_examples} | {QUICK.kernel_examples} | pass |  |" in markdown
     assert (tmp_path / "verify-tiny-qwen3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     root = ET.parse(junit).getroot()
     cases = root.findall("./testsuite/testcase")
     assert len(cases) == len(data["checks"]) and root.get("tests") == str(len(cases))
     assert not root.findall(".//failure") and not root.findall(".//error") and not root.findall(".//skipped")
+    times = [float(case.get("time", "")) for case in cases]
+    assert all(t >= 0 for t in times) and sum(t > 0 for t in times) > len(times) // 2, times
+    assert sum(times) == pytest.approx(sum(c["seconds"] for c in data["checks"]), abs=0.05)
+    props = {p.get("name"): p.get("value") for p in root.iterfind("./testsuite[1]/properties/property")}
+    assert props["started"] == data["started"] and props["rerun"] == data["rerun"], props
+    assert props["env.OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"], props
+
+
+def test_verbose_lists_every_check(
+    tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["verify", "--model", str(tiny_models["llama"]), "--quick", "--out", str(tmp_path), "--verbose"]
+    assert main(argv) == 0
+    assert "5 random ids, step" in capsys.readouterr().out
 
 
 def test_explicit_json_and_report_paths(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -120,7 +148,7 @@ def _broken_dir(case: str, tmp_path: Path, tiny: Path) -> Path:
     return path  # "missing": never created
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "no-weights"])
+@pytest.mark.parametrize("case", ["empty", "no-weights"])
 def test_broken_model_dir_is_one_line_error_and_exit_2(
     case: str, tiny_models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,7 +163,7 @@ def test_broken_model_dir_is_one_line_error_and_exit_2(
 
 def test_debug_shows_the_exception(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError):
-        main(["verify", "--model", str(tmp_path / "nope"), "--debug"])
+        main(["verify", "--model", str(tmp_path), "--debug"])  # a dir without config.json
 
 
 def _no_engine(*args: Any, **kwargs: Any) -> Engine:
@@ -216,28 +244,60 @@ def test_an_engine_error_is_exit_3_with_the_report_written(
         monkeypatch.setattr(Engine, "forward_batch", _raise_in_forward)
     elif fault == "non-finite logits":
         monkeypatch.setattr(TorchAttnBackend, "forward", _nan_attention(TorchAttnBackend.forward))
-    else:  # only the sampling section calls Sampler.sample: the sections before it run and are kept
+    else:  # of the model-level sections only sampling calls Sampler.sample: the others run and are kept
         monkeypatch.setattr(Sampler, "sample", _raise_in_sampler)
     junit = tmp_path / "j.xml"
     argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", "--out", str(tmp_path), "--junit", str(junit)]
     assert main(argv) == 3
     data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
     assert data["status"] == "error" and not data["passed"]
-    (error,) = [c for c in data["checks"] if c["status"] == "error"]
-    assert error["section"] == "run"
+    errors = [c for c in data["checks"] if c["status"] == "error"]
+    first = errors[0]
+    assert first["section"] == "run"
     expected = {
         "forward raises": "EngineError: injected: the engine failed",
         "non-finite logits": "NonFiniteLogitsError",
         "sampler raises": "EngineError: injected: the sampler failed",
     }[fault]
-    assert expected in error["detail"], error
+    assert expected in first["detail"], first
     if fault == "sampler raises":
-        assert error["name"].startswith("sampling:")
+        assert first["name"].startswith("sampling:")
         assert SECTIONS - {"sampling"} <= {c["section"] for c in data["checks"] if c["status"] == "pass"}
-    else:
-        assert error["name"].startswith("greedy generation:")
+    else:  # the sections that need the generations are recorded as not run, never as passes
+        assert first["name"].startswith("greedy generation:")
+        not_run = [c for c in data["checks"] if c["name"].endswith(": not run")]
+        assert {c["name"] for c in not_run} == {
+            f"{s}: not run" for s in ("greedy parity and logit error", "decode and split prefill", "sampling")
+        }
+        assert all(c["status"] == "not-tested" and "greedy generation, which raised" in c["detail"] for c in not_run)
+        sections = {c["section"] for c in data["checks"]}
+        assert not {"greedy parity", "logit error", "decode ≡ prefill", "sampling"} & sections, sections
+    assert {"bf16 norms", "kernels"} <= {c["section"] for c in data["checks"]}  # later sections still ran
     assert "**ERROR**" in (tmp_path / "verify-tiny-qwen3.md").read_text()
-    assert len(ET.parse(junit).getroot().findall(".//error")) == 1
+    assert len(ET.parse(junit).getroot().findall(".//error")) == len(errors)
+
+
+def _injected(*args: Any, **kwargs: Any) -> list[Check]:
+    raise RuntimeError("injected into one section")
+
+
+def test_an_error_in_one_section_leaves_the_later_sections_running(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("oracle.verify.check_seeded", _injected)
+    finished: list[SectionRun] = []
+    result = verify(tiny_models["qwen3"], quick=True, on_section=finished.append)
+    assert [r.name for r in finished] == [
+        "greedy generation", "greedy parity and logit error", "decode and split prefill", "seeded sampling",
+        "bf16 norms", "large magnitude", "sampling", "kernels",
+    ]
+    (error,) = [c for c in result.checks if c.status != "pass"]
+    assert (error.section, error.name, error.status) == ("run", "seeded sampling: RuntimeError", "error")
+    assert "injected into one section" in error.detail
+    assert SECTIONS - {"seeded sampling"} <= set(result.sections()), result.sections()
+    assert all(r.seconds >= 0 for r in finished) and result.checks == [c for r in finished for c in r.checks]
+    with pytest.raises(RuntimeError, match="injected"):  # --debug
+        verify(tiny_models["qwen3"], quick=True, catch_errors=False)
 
 
 def test_a_single_bucket_chi_square_is_not_tested_never_a_pass() -> None:
@@ -325,6 +385,24 @@ def test_a_greedy_failure_names_the_first_and_worst_position(tiny_models: dict[s
     assert "first at position" in detail and "worst at position" in detail, detail
     assert "engine   : [" in detail and "HF argmax: [" in detail, detail
     assert all("worst at position" in c.detail for c in result.section("logit error"))
+    # a decode-only RoPE bug: decode ≡ prefill fails, saying where and by how much
+    (decode, *_) = [c for c in result.section("decode ≡ prefill") if c.status == "fail"]
+    assert re.match(r"decode step \d+, position \d+: .*; argmax: decode \d+, prefill \d+; worst at token \d+: "
+                    r"decode -?[0-9.e+-]+ vs prefill -?[0-9.e+-]+$", decode.detail), decode.detail
+    assert f"FAILED decode ≡ prefill / {decode.name}:\n{decode.detail}" in failure_details(result)
+    assert all("argmax: split" in c.detail for c in result.section("split prefill ≡ prefill"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's bf16 RMSNorm")
+def test_a_bf16_norm_failure_names_module_scale_and_element(qwen3: Path) -> None:
+    with activate("rmsnorm_model_dtype"):
+        (check,) = check_bf16_norms(qwen3, seed=0, target=PRESETS["cpu-fp32"])
+    assert check.status == "fail"
+    assert re.search(r"worst: model\.\S+norm at input scale [0-9.]+, element \(\d+, \d+\): engine \S+ vs HF \S+$",
+                     check.detail), check.detail
+    result = VerifyResult("m", "quick", PRESETS["cpu-fp32"], "bfloat16", 0, 1e-3, Environment("c", {}, "cpu"))
+    result.checks = [check]
+    assert failure_details(result) == [f"FAILED bf16 norms / {check.name}:\n{check.detail}"]
 
 
 def _hand_sdpa(subtract_max: bool, drop_partial_tile: bool) -> Callable[..., torch.Tensor]:
