@@ -6,10 +6,12 @@ max subtraction (only the large-magnitude section fails)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import shlex
 import shutil
 import time
 import xml.etree.ElementTree as ET
@@ -27,7 +29,7 @@ from engine.attention import TorchAttnBackend, torch_backend
 from engine.engine import Engine
 from engine.sample import Sampler
 from oracle import __version__
-from oracle.__main__ import main, verify_main
+from oracle.__main__ import main, verify_main, verify_parser
 from oracle.mutants import activate
 from oracle.stats import chi_square_gof
 from oracle.target import PRESETS, Target
@@ -58,6 +60,7 @@ SECTIONS = {
     "large magnitude",
     "sampling",
 }
+REPO = Path(__file__).resolve().parents[1]
 LONG = f"{LONG_PROMPT_TOKENS} random ids"  # the long prompt's label on the tiny models, which have no tokenizer
 CHECK_FIELDS = {"name", "section", "value", "limit", "passes_when", "status", "detail", "seconds"}
 
@@ -347,10 +350,26 @@ def test_verify_checks_the_example_plugin_and_catches_its_bug(
         monkeypatch.delenv("EXAMPLE_ATTENTION_BUG", raising=False)
     else:
         monkeypatch.setenv("EXAMPLE_ATTENTION_BUG", bug)  # read when an engine builds the backend
+    monkeypatch.setenv("HFPARITY_ENV_ALLOW", "MY_KNOB")
+    monkeypatch.setenv("MY_KNOB", "7")
+    monkeypatch.setenv("MY_FLAG_A", "a")
+    monkeypatch.setenv("HF_TOKEN", "secret")  # never on the allow-list
     argv = ["verify", "--model", str(tiny_models["qwen3"]), "--quick", "--out", str(tmp_path)]
-    assert main([*argv, "--plugin", "examples.my_attention", "--target", "cpu-fp32,attention=example"]) == code
+    argv += ["--record-env", "MY_FLAG*", "--plugin", "examples.my_attention", "--target", "cpu-fp32,attention=example"]
+    assert main(argv) == code
     data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())
     assert data["target"]["attention"] == "example" and "examples.my_attention" in data["plugins"]
+    (plugin,) = [p for p in data["plugin_files"] if p["module"] == "examples.my_attention"]
+    source = REPO / "examples" / "my_attention.py"
+    assert plugin == {"module": "examples.my_attention", "file": str(source), "version": None,
+                      "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    assert {"MY_KNOB": "7", "MY_FLAG_A": "a"}.items() <= data["env"].items() and "HF_TOKEN" not in data["env"]
+    assert data["env"].get("EXAMPLE_ATTENTION_BUG") == bug
+    # the rerun line names the same model, target (overrides included), plugin, plan and seed
+    rerun = verify_parser().parse_args(shlex.split(data["rerun"].removeprefix("python -m oracle verify")))
+    assert (rerun.model, rerun.target, rerun.plugin, rerun.quick, rerun.seed) == (
+        str(tiny_models["qwen3"]), "cpu-fp32,attention=example", ["examples.my_attention"], True, 0
+    )
     failed = {c["section"] for c in data["checks"] if c["status"] != "pass"}
     if bug is None:
         assert not failed
