@@ -25,7 +25,6 @@ from oracle.__main__ import verify_main
 from oracle.mutants.__main__ import main as mutants_main
 from oracle.plugins import PLUGINS_ENV
 from oracle.target import TARGET_ENV
-from oracle.verify import FULL, QUICK
 from oracle.zoo.__main__ import main as zoo_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,55 +353,3 @@ def test_the_largest_seed_runs(qwen3: Path, tmp_path: Path) -> None:
     argv = ["verify", "--model", str(qwen3), "--quick", "--seed", str(2**63 - 1), "--out", str(tmp_path)]
     assert oracle_main(argv) == 0
 
-
-LIGHT = """
-import sys
-from oracle.__main__ import main
-code = main(sys.argv[1:])
-assert not {"torch", "engine", "rich"} & set(sys.modules), "HEAVY IMPORT"
-sys.exit(code)
-"""
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["verify", "--help"],
-        ["verify", "--model", "/nonexistent"],
-        ["verify", "--model", ".", "--target", "cpu-fp33"],
-        ["verify", "--model", ".", "--target", "cpu-fp32,speed=max"],
-        ["verify", "--model", ".", "--plugin", "no_such_plugin_module"],
-        ["verify", "--model", ".", "--fast"],
-    ],
-    ids=["--help", "missing --model dir", "bad --target", "bad --target key", "unknown --plugin", "bad option"],
-)
-def test_help_and_usage_errors_answer_before_torch_is_imported(argv: list[str], tmp_path: Path) -> None:
-    env = os.environ | {"PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", LIGHT, *argv], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert proc.returncode == (0 if "--help" in argv else 2), proc.stderr
-    assert "HEAVY IMPORT" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-
-
-def test_pytest_stops_on_a_bad_target_before_torch_is_imported(tmp_path: Path) -> None:
-    script = (
-        "import sys, pytest\n"
-        "code = pytest.main(['--target', 'cpu-fp33', '-p', 'no:cacheprovider', '--co', '-q'])\n"
-        "assert 'torch' not in sys.modules, 'HEAVY IMPORT'\n"
-        "sys.exit(code)\n"
-    )
-    env = os.environ | {"PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, (proc.stdout, proc.stderr)
-    assert "unknown target preset 'cpu-fp33'" in proc.stderr and "HEAVY IMPORT" not in proc.stderr, proc.stderr
-
-
-def test_the_quick_help_says_what_quick_changes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert oracle_main(["verify", "--help"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
-    shrinks = {"prompts": "prompts", "max_tokens": "new tokens", "kernel_examples": "kernel examples"}
-    for field, words in shrinks.items():
-        assert getattr(QUICK, field) < getattr(FULL, field) and f"fewer {words}" in text, field
-    assert len(QUICK.grid) < len(FULL.grid) and "fewer sampling grid points" in text
-    assert QUICK.samples > FULL.samples and "draws more samples" in text and "fewer samples" not in text
