@@ -3,7 +3,8 @@ parity and logit error against HF float64, decode ≡ prefill, split prefill ≡
 RMSNorm (:mod:`.sections`), attention scores past float32's exp overflow (:mod:`.magnitude`) and chi-square /
 support tests of the target's sampler over a grid of sampling params (:mod:`.statistics`), and every replaceable kernel
 called alone on drawn boundary inputs with the implementation that ran (:mod:`.kernels`), planned by :mod:`.plan`
-(short prompts and a long one), collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
+(short prompts and a long one), each run on its own by :mod:`.runner` (an error in one leaves the others running),
+collected in a :class:`VerifyResult` and rendered by :mod:`.report` and :mod:`.junit`.
 """
 
 from __future__ import annotations

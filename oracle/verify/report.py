@@ -1,5 +1,6 @@
-"""Renders a :class:`VerifyResult`: summary lines, the console table, JSON (schema below, see README), markdown,
-JUnit XML (one testcase per check) and the PNG plot of the sampled row."""
+"""Renders a :class:`VerifyResult`: summary lines, the console tables (one row per section, or per check), a finished
+section's log line, JSON (see README), markdown with the rerun line and provenance, and the PNG plot of the sampled
+row; JUnit XML is :mod:`.junit`'s."""
 
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ def console_table(result: VerifyResult) -> Table:
 
 
 def worst_status(checks: list[Check]) -> Status:
+    """The status a section shows: error, else fail, else not-tested, else pass."""
     return next(s for s in ("error", "fail", "not-tested", "pass") if any(c.status == s for c in checks))
 
 
@@ -103,8 +105,11 @@ def section_table(result: VerifyResult) -> Table:
 
 
 def section_line(run: SectionRun) -> str:
-    """A finished section in one line, for a log: its name, its tally (or 'done') and its seconds."""
-    return f"{run.name}: {tally(run.checks) if run.checks else 'done'} ({run.seconds:.1f} s)"
+    """A finished section in one line, for a log: its name, its counts (or 'done' without checks) and its seconds."""
+    counts = count_statuses(run.checks)
+    words = [f"{counts[s]} {_WORDS[s]}" for s in ("pass", "fail", "error")]
+    words += [f"{counts['not-tested']} {_WORDS['not-tested']}"] if counts["not-tested"] else []
+    return f"{run.name}: {', '.join(words) if run.checks else 'done'} ({run.seconds:.1f} s)"
 
 
 def failure_details(result: VerifyResult) -> list[str]:
@@ -212,7 +217,7 @@ def _kernels_markdown(checks: list[Check]) -> list[str]:
 
 def _provenance_markdown(result: VerifyResult) -> list[str]:
     """The plugins loaded (file, sha256, version) and the allow-listed environment (oracle.provenance)."""
-    out = ["## Provenance", "", f"- started (UTC): {result.started}", f"- rerun: `{result.rerun}`"]
+    out = ["## Provenance", "", f"- started (UTC): {result.started}"]
     for p in result.plugin_files:
         out.append(f"- plugin `{p.module}`: `{p.file}`, sha256 `{p.sha256}`, version {p.version or 'none'}")
     env = ", ".join(f"`{k}={v}`" for k, v in result.env.items()) or "none set"
@@ -227,7 +232,7 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
         f"dtype {result.dtype}, seed {result.seed}, {result.seconds:.0f} s)."
     )
     versions = ", ".join(f"{k} {v}" for k, v in env.versions.items())
-    out += ["", f"Commit `{env.commit}` on {env.device}; {versions}. Started {result.started}."]
+    out += ["", f"Commit `{env.commit}` on {env.device}; {versions}."]
     out += ["", f"Rerun: `{result.rerun}`"]
     out += ["", *[f"- {line}" for line in summary_lines(result)], ""]
     for section in result.sections():
