@@ -9,6 +9,7 @@ names what they registered, e.g. ``--target cpu-fp32,attention=mine``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Iterable
 from importlib.metadata import entry_points
@@ -27,6 +28,30 @@ def plugin_names(options: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys(name for name in [*options, *from_env] if name))
 
 
+def import_error(name: str, exc: BaseException) -> PluginError:
+    """The error for plugin `name` that did not import; where the module itself (or a parent) is missing, where
+    Python looks for it and from where it ran."""
+    message = f"plugin {name!r} could not be imported: {type(exc).__name__}: {exc}"
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is not None and (name == missing or name.startswith(missing + ".")):  # not a module it imports
+        message += (
+            "; MODULE must be importable: on sys.path, e.g. run from the directory holding it or add that "
+            f"directory to PYTHONPATH (current directory: {os.getcwd()})"
+        )
+    return PluginError(message)
+
+
+def check_findable(options: Iterable[str] = ()) -> None:
+    """Raise PluginError for a named plugin that is not on sys.path, without importing it (its parents are)."""
+    for name in plugin_names(options):
+        try:
+            found = importlib.util.find_spec(name)
+        except (Exception, SystemExit) as exc:  # a parent package that is missing or raises on import
+            raise import_error(name, exc) from exc
+        if found is None:
+            raise import_error(name, ModuleNotFoundError(f"No module named {name!r}", name=name))
+
+
 def load_plugins(options: Iterable[str] = ()) -> list[str]:
     """Import every plugin (named ones, then entry points); returns the names loaded. Importing twice is a no-op."""
     loaded = []
@@ -34,7 +59,7 @@ def load_plugins(options: Iterable[str] = ()) -> list[str]:
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:  # a sys.exit() on import must not end the run as a pass
-            raise PluginError(f"plugin {name!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+            raise import_error(name, exc) from exc
         loaded.append(name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:

@@ -43,21 +43,26 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
+from _pytest.junitxml import xml_key
 from hypothesis import HealthCheck, Phase, settings
 
 from oracle import coverage
-from oracle.drive import EnginePool
-from oracle.hf import HFOracle
-from oracle.ops.bench import Bench
-from oracle.ops.ledger import Ledger
-from oracle.plugins import PluginError, load_plugins, plugin_names
-from oracle.target import TARGET_ENV, Target, TargetError, from_env
+from oracle.plugins import PluginError, check_findable, load_plugins, plugin_names
+from oracle.target_spec import TARGET_ENV, TargetError, parse_spec, target_text
+
+if TYPE_CHECKING:  # torch and the engine load in pytest_configure, once the usage checks passed
+    import torch
+
+    from oracle.drive import EnginePool
+    from oracle.hf import HFOracle
+    from oracle.ops.bench import Bench
+    from oracle.ops.ledger import Ledger
+    from oracle.target import Target
 
 PROFILE_ENV = "HYPOTHESIS_PROFILE"
 
@@ -77,9 +82,10 @@ settings.register_profile("gpu", _COMMON, max_examples=10, derandomize=True, dat
 SHRINK_SECONDS = {"fast": 10, "dev": 20, "deep": 120}
 DEFAULT_SHRINK_SECONDS = 30
 
-_TARGET_KEY = pytest.StashKey[Target]()
-_LEDGER_KEY = pytest.StashKey[Ledger]()
-_PLUGINS_KEY = pytest.StashKey[list[str]]()
+_TARGET_KEY: pytest.StashKey[Target] = pytest.StashKey()
+_LEDGER_KEY: pytest.StashKey[Ledger] = pytest.StashKey()
+_PLUGINS_KEY: pytest.StashKey[list[str]] = pytest.StashKey()
+_PROVENANCE_KEY: pytest.StashKey[dict[str, str]] = pytest.StashKey()
 
 MARKERS = (
     "model: needs the real SmolLM2 model (built once from PyPI into the cache)",
@@ -108,6 +114,15 @@ def pin_hypothesis_constants() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:  # a misspelled target or a missing plugin stops the session before torch is imported
+        parse_spec(target_text(config.getoption("target")))
+        check_findable(config.getoption("plugin"))
+    except (TargetError, PluginError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    import torch
+
+    from oracle.target import from_env
+
     pin_hypothesis_constants()
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
@@ -122,6 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_TARGET_KEY] = from_env(config.getoption("target")).require()
     except (TargetError, PluginError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.stash[_PROVENANCE_KEY] = provenance(config)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -190,15 +206,25 @@ def pytest_runtest_makereport(
     return report
 
 
-def header_lines(config: pytest.Config) -> list[str]:
-    """What runs: the target with every field, and each plugin loaded with the file it came from."""
+def provenance(config: pytest.Config) -> dict[str, str]:
+    """What ran, as name -> value: the target, each plugin's file, sha256 and version, the allow-listed
+    environment (oracle.provenance) and the session's UTC start; the header and JUnit's properties."""
+    from oracle.provenance import plugin_files, recorded_env, utc_timestamp
+
     target = config.stash[_TARGET_KEY]
     fields = ", ".join(f"{k}={v}" for k, v in target.describe().items() if k != "name")
-    lines = [f"target: {target.name} ({fields})"]
-    for name in config.stash[_PLUGINS_KEY]:
-        module = sys.modules.get(name.partition(":")[0])
-        lines.append(f"plugin: {name} ({getattr(module, '__file__', None) or 'no file'})")
-    return lines
+    out = {"target": f"{target.name} ({fields})"}
+    loaded: list[str] = config.stash[_PLUGINS_KEY]
+    for plugin in plugin_files(loaded):
+        digest = plugin.sha256[:16] if plugin.sha256 else "-"
+        out[f"plugin {plugin.module}"] = f"{plugin.file or 'no file'}, sha256 {digest}, version {plugin.version or '-'}"
+    out.update({f"env {name}": value for name, value in recorded_env().items()})
+    out["started (UTC)"] = utc_timestamp()
+    return out
+
+
+def header_lines(config: pytest.Config) -> list[str]:
+    return [f"{name}: {value}" for name, value in config.stash[_PROVENANCE_KEY].items()]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -207,11 +233,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Bound shrinking for the active profile; under -q, where pytest hides the header, still say what runs."""
+    """Bound shrinking for the active profile; provenance into --junitxml's properties; under -q, where pytest
+    hides the header, still say what runs."""
     from hypothesis.internal.conjecture import engine as conjecture
 
     profile = settings.get_current_profile_name()
     conjecture.MAX_SHRINKING_SECONDS = SHRINK_SECONDS.get(profile, DEFAULT_SHRINK_SECONDS)
+    xml = session.config.stash.get(xml_key, None)
+    if xml is not None:  # --junitxml: the provenance as the test suite's properties
+        for name, value in session.config.stash[_PROVENANCE_KEY].items():
+            xml.add_global_property(name, value)
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and not reporter.showheader:
         for line in header_lines(session.config):
@@ -227,6 +258,9 @@ def target(pytestconfig: pytest.Config) -> Target:
 @pytest.fixture(scope="session")
 def op_bench(pytestconfig: pytest.Config, target: Target) -> Bench:
     """The target's implementations for the op-level properties; what ran is summed up at the end of the session."""
+    from oracle.ops.bench import Bench
+    from oracle.ops.ledger import Ledger
+
     return Bench(target, pytestconfig.stash.setdefault(_LEDGER_KEY, Ledger()))
 
 
@@ -262,6 +296,8 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def engines(target: Target) -> Iterator[EnginePool]:
     """The target's engines, shut down at the end of the session."""
+    from oracle.drive import EnginePool
+
     pool = EnginePool(target)
     yield pool
     pool.close()
@@ -273,7 +309,12 @@ class OraclePool:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, torch.dtype, str], HFOracle] = {}
 
-    def __call__(self, model: str | Path, dtype: torch.dtype = torch.float64, device: str = "cpu") -> HFOracle:
+    def __call__(self, model: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> HFOracle:
+        import torch
+
+        from oracle.hf import HFOracle
+
+        dtype = torch.float64 if dtype is None else dtype
         key = (str(model), dtype, device)
         if key not in self._cache:
             self._cache[key] = HFOracle(model, dtype=dtype, device=device)

@@ -4,15 +4,14 @@ A target is a device, an engine dtype, the attention backend, the layer kernels 
 engine's registries, a plugin's included), CUDA graphs on or off, the page sizes the properties draw, and the
 head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from a preset name with
 optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file holding the same
-keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option is passed.
+keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option is passed. The
+fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the dtype's name
+and adds what needs the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,27 +23,22 @@ from engine.config import DTYPES
 from engine.registry import Registry
 from engine.sample import BaseSampler
 
+from .target_spec import DEFAULT, TARGET_ENV, TargetError, TargetSpec, parse_spec, target_text
+from .target_spec import PRESETS as SPECS
 from .tolerance import LOGIT_TOLERANCES, LogitTolerance, logit_tolerance
 
-TARGET_ENV = "HFPARITY_TARGET"
-DEFAULT = "cpu-fp32"
-
-
-class TargetError(ValueError):
-    """A target that does not parse, or cannot run on this machine; the message says which key and why."""
+__all__ = ["DEFAULT", "PRESETS", "TARGET_ENV", "Target", "TargetError", "from_env", "parse"]
 
 
 @dataclass(frozen=True)
-class Target:
-    name: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    attention: str = "torch"
-    kernels: str = "torch"
-    sampler: str = "torch"
-    graphs: bool = False
-    page_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
-    head_dim: int = 16
+class Target(TargetSpec):
+    @classmethod
+    def of(cls, spec: TargetSpec) -> Target:
+        """The spec as a Target, its dtype checked against the engine's names and spelled canonically."""
+        if spec.dtype not in DTYPES:
+            raise TargetError(f"dtype={spec.dtype!r}: use one of {', '.join(sorted(DTYPES))}")
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        return cls(**fields | {"dtype": str(DTYPES[spec.dtype]).removeprefix("torch.")})
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -115,106 +109,15 @@ class Target:
         where = Where(self.torch_device, self.torch_dtype, self.head_dim)
         return SAMPLERS.factory(SAMPLERS.resolve(self.sampler, where))(self.torch_device, vocab_size, seed)
 
-    def describe(self) -> dict[str, Any]:
-        """The fields as plain data, for reports."""
-        return dataclasses.asdict(self)
 
-
-PRESETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        Target("cpu-fp32"),
-        Target("cpu-bf16", dtype="bfloat16"),
-        Target(
-            "cuda-bf16",
-            device="cuda",
-            dtype="bfloat16",
-            attention="flashinfer",
-            kernels="triton",
-            sampler="flashinfer",
-            graphs=True,
-            page_sizes=(1, 4, 16),
-            head_dim=64,
-        ),
-        Target("cuda-bf16-torch", device="cuda", dtype="bfloat16", page_sizes=(1, 4, 16), head_dim=64),
-    )
-}
-
-_BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
-
-
-def _field(key: str, value: object) -> object:
-    """A field value from a string (the short form) or a TOML value, checked."""
-    if key == "graphs":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _BOOLS:
-            return _BOOLS[value.lower()]
-        raise TargetError(f"graphs={value!r}: use on or off")
-    if key == "page_sizes":
-        items: Any = value.replace(":", "/").split("/") if isinstance(value, str) else value
-        try:
-            sizes = tuple(int(v) for v in items)
-        except (TypeError, ValueError):
-            raise TargetError(f"page_sizes={value!r}: use sizes separated by '/', e.g. 1/4/16") from None
-        if not sizes or min(sizes) < 1:
-            raise TargetError(f"page_sizes={value!r}: use one or more sizes >= 1")
-        return sizes
-    if key == "head_dim":
-        try:
-            dim = int(value)  # type: ignore[call-overload]
-        except (TypeError, ValueError):
-            raise TargetError(f"head_dim={value!r}: use an even int >= 2") from None
-        if dim < 2 or dim % 2:
-            raise TargetError(f"head_dim={value!r}: use an even int >= 2")
-        return dim
-    if not isinstance(value, str) or not value:
-        raise TargetError(f"{key}={value!r}: use a name")
-    if key == "device" and value not in ("cpu", "cuda"):
-        raise TargetError(f"device={value!r}: use cpu or cuda")
-    if key == "dtype":
-        if value not in DTYPES:
-            raise TargetError(f"dtype={value!r}: use one of {', '.join(sorted(DTYPES))}")
-        return str(DTYPES[value]).removeprefix("torch.")
-    return value
-
-
-_KEYS = tuple(f.name for f in dataclasses.fields(Target) if f.name != "name")
-
-
-def build(preset: str, overrides: Mapping[str, object], name: str) -> Target:
-    if preset not in PRESETS:
-        raise TargetError(f"unknown target preset {preset!r}; presets: {', '.join(PRESETS)}")
-    unknown = sorted(set(overrides) - set(_KEYS))
-    if unknown:
-        raise TargetError(f"unknown target key(s) {', '.join(unknown)}; keys: {', '.join(_KEYS)}")
-    fields = {k: _field(k, v) for k, v in overrides.items()}
-    return dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+PRESETS: dict[str, Target] = {name: Target.of(spec) for name, spec in SPECS.items()}
 
 
 def parse(text: str) -> Target:
     """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
-    text = text.strip()
-    if text.endswith(".toml"):
-        path = Path(text)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise TargetError(f"target file {text}: {exc}") from None
-        data = data.get("target", data)  # either top-level keys or a [target] table
-        preset, name = str(data.pop("preset", DEFAULT)), str(data.pop("name", path.stem))
-        return build(preset, data, name)
-    head, *rest = [part.strip() for part in text.split(",")] if text else [DEFAULT]
-    preset, pairs = (DEFAULT, [head, *rest]) if "=" in head else (head, rest)
-    overrides: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise TargetError(f"target part {pair!r}: use key=value")
-        overrides[key.strip()] = value.strip()
-    return build(preset, overrides, text)
+    return Target.of(parse_spec(text))
 
 
 def from_env(option: str | None = None) -> Target:
     """The target named by `option`, else by $HFPARITY_TARGET, else the default (cpu-fp32)."""
-    return parse(option or os.environ.get(TARGET_ENV) or DEFAULT)
+    return parse(target_text(option))

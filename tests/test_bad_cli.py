@@ -34,18 +34,16 @@ Build = Callable[[Path, Path], list[str]]
 
 
 def _model(case: str, tiny: Path, tmp: Path) -> Path:
-    """A broken copy of the tiny model dir (or something that is not one) for a model-dir case."""
+    """A broken copy of the tiny model dir for a model-dir case."""
     path = tmp / f"model-{case}"
-    if case == "file":
-        path.write_text("not a model dir")
-    elif case == "no-config":
+    if case == "no-config":
         path.mkdir()
         shutil.copy(tiny / "model.safetensors", path)
     elif case in ("bad-json", "gpt2"):
         shutil.copytree(tiny, path)
         config = json.loads((path / "config.json").read_text()) | {"architectures": ["GPT2LMHeadModel"]}
         (path / "config.json").write_text("{not json" if case == "bad-json" else json.dumps(config))
-    return path  # "missing": never created
+    return path
 
 
 def _blocker(tmp: Path) -> Path:
@@ -90,7 +88,26 @@ VERIFY_CASES = [
     pytest.param(_args("--target", "cpu-fp32,dtype=fp8"), ("dtype='fp8'",), id="--target bad dtype"),
     pytest.param(_args("--target", "nowhere.toml"), ("nowhere.toml",), id="--target file missing"),
     pytest.param(_with(lambda t: ["--target", _toml(t, "preset = [")]), ("target.toml",), id="--target bad TOML"),
-    pytest.param(_args("--plugin", "no_such_plugin_module"), ("'no_such_plugin_module'",), id="unknown --plugin"),
+    pytest.param(
+        _args("--plugin", "no_such_plugin_module"),
+        ("'no_such_plugin_module'", "ModuleNotFoundError", "on sys.path", "PYTHONPATH", f"directory: {os.getcwd()}"),
+        id="unknown --plugin",
+    ),
+    pytest.param(
+        _args("--plugin", "no_such_package.mine"),
+        ("'no_such_package.mine'", "No module named 'no_such_package'", "PYTHONPATH"),
+        id="--plugin in a missing package",
+    ),
+    pytest.param(
+        lambda m, t: ["verify", "--model", str(t / "nowhere"), "--out", str(t / "o")],
+        ("--model", "nowhere", "is not a directory", "oracle.zoo smollm2"),
+        id="--model missing",
+    ),
+    pytest.param(
+        lambda m, t: ["verify", "--model", str(_blocker(t)), "--out", str(t / "o")],
+        ("--model", "a-file", "is not a directory"),
+        id="--model a file",
+    ),
     pytest.param(
         _with(lambda t: ["--plugin", _raising_plugin(t)]),
         ("'plugin_that_raises'", "RuntimeError", "broken on purpose"),
@@ -182,8 +199,6 @@ def test_a_bad_verify_invocation_is_one_error_line_and_exit_2_before_any_engine(
 
 
 MODEL_CASES = [
-    pytest.param("missing", ("model-missing", "is not a directory"), id="--model missing"),
-    pytest.param("file", ("model-file", "is not a directory"), id="--model a file"),
     pytest.param("no-config", ("model-no-config", "config.json"), id="--model without config.json"),
     pytest.param("bad-json", ("config.json", "is not valid JSON"), id="--model config.json not JSON"),
     pytest.param("gpt2", ("GPT2LMHeadModel",), id="--model unsupported architecture"),
@@ -325,9 +340,11 @@ def test_a_model_with_nan_weights_is_a_run_that_errors_not_a_model_that_could_no
     assert "verdict: ERROR" in captured.out
     data = json.loads((out / "verify-nan-qwen3.json").read_text())
     assert data["status"] == "error" and not data["passed"]
-    (error,) = [c for c in data["checks"] if c["status"] == "error"]
+    error, *_ = [c for c in data["checks"] if c["status"] == "error"]
     assert error["section"] == "run" and error["name"] == "greedy generation: NonFiniteLogitsError"
     assert "NaN logits" in error["detail"] and "check its weights" in error["detail"], error
+    # every section ran or says why not; none that needs the generations passed without them
+    assert not [c for c in data["checks"] if c["status"] == "pass" and c["section"] in ("greedy parity", "sampling")]
     assert "**ERROR**" in (out / "verify-nan-qwen3.md").read_text() and "<error" in junit.read_text()
 
 
@@ -335,3 +352,4 @@ def test_the_largest_seed_runs(qwen3: Path, tmp_path: Path) -> None:
     # The seeded-sampling section derives request seeds from it, which must stay in the engine's [0, 2**63).
     argv = ["verify", "--model", str(qwen3), "--quick", "--seed", str(2**63 - 1), "--out", str(tmp_path)]
     assert oracle_main(argv) == 0
+

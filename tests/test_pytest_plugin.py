@@ -5,9 +5,11 @@ and the target and plugin header under -q."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -197,15 +199,27 @@ def test_kernel():
 
 
 @pytest.mark.parametrize("profile", ["fast", "ci"])
-def test_cheapest_first_with_shrinking_bounded_and_the_header_under_q(tmp_path: Path, profile: str) -> None:
+def test_cheapest_first_shrinking_bounded_and_provenance_in_the_header_and_junit(
+    tmp_path: Path, profile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXAMPLE_MARK", "7")  # allow-listed (EXAMPLE_*): recorded
     from oracle.pytest_plugin import DEFAULT_SHRINK_SECONDS, SHRINK_SECONDS
 
-    (tmp_path / "a_plugin.py").write_text("")
-    proc = run_pytest(tmp_path, ORDERED, "-s", "--plugin", "a_plugin", f"--hypothesis-profile={profile}")
+    (tmp_path / "a_plugin.py").write_text("__version__ = '1.2'\n")
+    junit = tmp_path / "junit.xml"
+    proc = run_pytest(
+        tmp_path, ORDERED, "-s", "--plugin", "a_plugin", f"--hypothesis-profile={profile}", f"--junitxml={junit}"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ran = [line.split("RAN ")[1].split()[0] for line in proc.stdout.splitlines() if "RAN " in line]
     assert ran == ["kernel", "tiny", "statistical", "real"], proc.stdout
     shrink = SHRINK_SECONDS.get(profile, DEFAULT_SHRINK_SECONDS)
     assert f"RAN kernel {profile} {shrink}" in proc.stdout and shrink <= 30, proc.stdout
     assert "target: cpu-fp32 (device=cpu" in proc.stdout.splitlines()[0], proc.stdout
-    assert f"plugin: a_plugin ({tmp_path / 'a_plugin.py'})" in proc.stdout, proc.stdout
+    digest = hashlib.sha256((tmp_path / "a_plugin.py").read_bytes()).hexdigest()[:16]
+    plugin = f"{tmp_path / 'a_plugin.py'}, sha256 {digest}, version 1.2"
+    assert f"plugin a_plugin: {plugin}" in proc.stdout and "started (UTC): 20" in proc.stdout, proc.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert properties["plugin a_plugin"] == plugin and properties["env EXAMPLE_MARK"] == "7", properties

@@ -3,7 +3,8 @@ parity and logit error against HF float64, decode ≡ prefill, split prefill ≡
 RMSNorm (:mod:`.sections`), attention scores past float32's exp overflow (:mod:`.magnitude`) and chi-square /
 support tests of the target's sampler over a grid of sampling params (:mod:`.statistics`), and every replaceable kernel
 called alone on drawn boundary inputs with the implementation that ran (:mod:`.kernels`), planned by :mod:`.plan`
-(short prompts and a long one), collected in a :class:`VerifyResult` and rendered by :mod:`.report`.
+(short prompts and a long one), each run on its own by :mod:`.runner` (an error in one leaves the others running),
+collected in a :class:`VerifyResult` and rendered by :mod:`.report` and :mod:`.junit`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from engine.driver import PageLayout, StaticDriver
 
 from ..environment import Environment, environment
 from ..hf import HFOracle
+from ..provenance import plugin_files, recorded_env, utc_timestamp
 from ..stats import FAMILY_ALPHA, AlphaBudget
 from ..target import Target, from_env
 from .kernels import check_kernels
 from .magnitude import check_large_magnitude
 from .plan import FULL, QUICK, Plan, load_tokenizer, make_prompts, steps_of, text_decoder, token_labeler
-from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult
+from .result import STATUSES, Check, Figure, PassesWhen, Status, VerifyResult, rerun_command
+from .runner import OnSection, SectionRun, Sections
 from .sections import (
     build_engine,
     check_bf16_norms,
@@ -52,6 +55,7 @@ __all__ = [
     "Figure",
     "PassesWhen",
     "Plan",
+    "SectionRun",
     "SamplingCase",
     "Status",
     "VerifyResult",
@@ -65,6 +69,8 @@ __all__ = [
     "steps_of",
     "verify",
 ]
+
+GREEDY = "greedy generation"
 
 
 def sampling_alpha(plan: Plan) -> float:
@@ -81,16 +87,22 @@ def verify(
     target: Target | None = None,
     plugins: Sequence[str] = (),
     catch_errors: bool = True,
+    *,
+    on_section: OnSection | None = None,
+    target_text: str | None = None,
+    record_env: Sequence[str] = (),
 ) -> VerifyResult:
     """Run every section on `model` for `target` (default: $HFPARITY_TARGET's, else cpu-fp32).
 
     Before the run, a target that cannot run here raises TargetError and a bad model dir EngineError / OSError.
-    Once the engine and HF are loaded, an exception stops the run and becomes a check with status "error" in
-    section "run" (the checks done so far are kept), or propagates with catch_errors=False. plugins: the plugin
-    modules loaded, recorded in the result.
+    Once the engine and HF are loaded, each section runs guarded (:mod:`.runner`): an exception becomes a check
+    with status "error" in section "run" and the later sections still run, or it propagates with
+    catch_errors=False. on_section: called as each section finishes. plugins: the plugin modules loaded;
+    target_text: how the target was named (default its name), both for the provenance and the rerun line;
+    record_env: names or prefixes (ending in *) of environment variables to record besides oracle.provenance's.
     """
     step = advance or (lambda _: None)
-    start = time.perf_counter()
+    start, started = time.perf_counter(), utc_timestamp()
     target = (target or from_env()).require()
     model = Path(model)
     plan = QUICK if quick else FULL
@@ -107,34 +119,28 @@ def verify(
         dtype = str(engine.dtype).removeprefix("torch.")
         alpha = sampling_alpha(plan)
         result = VerifyResult(str(model), plan.name, target, dtype, seed, alpha, environment(target), list(plugins))
-        result.prompts = prompts
+        result.started, result.prompts = started, prompts
+        result.plugin_files, result.env = plugin_files(plugins), recorded_env(record_env)
+        result.rerun = rerun_command(str(model), target_text or target.name, plugins, plan.name, seed)
         tol, token_label = target.tolerance, token_labeler(tokenizer)
-        stage = "greedy generation"
-        try:
-            gens = completed(StaticDriver(engine, PageLayout("shuffled", seed), record_logits=True).generate(
-                prompts, SamplingParams(temperature=0.0, max_tokens=plan.max_tokens, ignore_eos=True)
-            ))
-            step("engine greedy generation")
-            stage = "greedy parity and logit error"
-            decode = text_decoder(tokenizer)
-            result.checks += check_greedy_and_logits(
-                gens, prompts, labels, hf, yardstick, tol, token_label, decode, step
-            )
-            stage = "decode and split prefill"
-            result.checks += check_prefill_consistency(engine, gens, prompts, labels, tol)
-            step("decode and split prefill vs prefill")
-            stage = "seeded sampling"
-            result.checks += check_seeded(engine, prompts, labels, seed)
-            step("seeded sampling")
-            stage = "bf16 norms"
-            result.checks += check_bf16_norms(model, seed, target, hf_bf16)
-            step("bf16 norms")
-            stage = "large magnitude"
-            result.checks += check_large_magnitude(
-                target, model, prompts[-1], labels[-1], hf, lambda variant: build_engine(target, variant, 1, seed)
-            )
-            step("large magnitude")
-            stage = "sampling"
+        sections = Sections(catch_errors, step, on_section)
+        greedy = SamplingParams(temperature=0.0, max_tokens=plan.max_tokens, ignore_eos=True)
+        driver = StaticDriver(engine, PageLayout("shuffled", seed), record_logits=True)
+        gens = sections.value(GREEDY, lambda: completed(driver.generate(prompts, greedy))) or []
+        decode = text_decoder(tokenizer)
+        sections.run("greedy parity and logit error", lambda: check_greedy_and_logits(
+            gens, prompts, labels, hf, yardstick, tol, token_label, decode, step
+        ), needs=[GREEDY])
+        sections.run("decode and split prefill", lambda: check_prefill_consistency(
+            engine, gens, prompts, labels, tol, token_label
+        ), needs=[GREEDY])
+        sections.run("seeded sampling", lambda: check_seeded(engine, prompts, labels, seed))
+        sections.run("bf16 norms", lambda: check_bf16_norms(model, seed, target, hf_bf16))
+        sections.run("large magnitude", lambda: check_large_magnitude(
+            target, model, prompts[-1], labels[-1], hf, lambda variant: build_engine(target, variant, 1, seed)
+        ))
+
+        def sampling() -> list[Check]:
             # Each prompt's own row first; the later steps' rows serve where those leave one chi-square bucket.
             later = [
                 (f"{label}, step {k}", g.logits[k]) for g, label in zip(gens, labels) for k in range(1, len(g.logits))
@@ -142,18 +148,16 @@ def verify(
             rows = [g.logits[0] for g in gens] + [row for _, row in later]
             row_labels = list(labels) + [name for name, _ in later]
             cases = sampling_cases(rows, plan, first=len(gens))
-            sampling, result.figure = check_sampling(
+            checks, result.figure = check_sampling(
                 engine, rows, row_labels, cases, alpha, seed, token_label, step, plan.samples
             )
-            result.checks += sampling
-            stage = "kernels"
-            result.checks += check_kernels(target, engine.model_config.head_dim, plan.kernel_examples, seed)
-            step("kernels")
-        except Exception as exc:  # the report records it (exit 3); --debug re-raises instead
-            if not catch_errors:
-                raise
-            result.checks.append(Check.error(stage, exc))
+            return checks
+
+        sections.run("sampling", sampling, needs=[GREEDY])
+        sections.run("kernels", lambda: check_kernels(target, engine.model_config.head_dim, plan.kernel_examples, seed))
+        result.checks = sections.checks
     finally:
         engine.shutdown()
     result.seconds = time.perf_counter() - start
     return result
+

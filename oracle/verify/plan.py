@@ -86,9 +86,9 @@ QUICK = Plan(
 
 
 def steps_of(plan: Plan) -> int:
-    """Progress units verify() reports: 2 loads, generation, one per prompt and one for the long prompt, prefill
-    consistency, seeds, norms, large magnitude, one per sampling case, and the kernels."""
-    return 9 + plan.prompts + plan.sampling_cases
+    """Progress units verify() reports: 2 loads, one per prompt and one for the long prompt, one per sampling case,
+    and one per section as it ends (8: oracle.verify.runner)."""
+    return 11 + plan.prompts + plan.sampling_cases
 
 
 def describe(params: SamplingParams) -> str:

@@ -1,12 +1,11 @@
-"""Renders a :class:`VerifyResult`: summary lines, the console table, JSON (schema below, see README), markdown,
-JUnit XML (one testcase per check) and the PNG plot of the sampled row."""
+"""Renders a :class:`VerifyResult`: summary lines, the console tables (one row per section, or per check), a finished
+section's log line, JSON (see README), markdown with the rerun line and provenance, and the PNG plot of the sampled
+row; JUnit XML is :mod:`.junit`'s."""
 
 from __future__ import annotations
 
 import json
 import math
-import platform
-import xml.etree.ElementTree as ET
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from ..tolerance import YARDSTICK_RATIO
 from .kernels import SECTION as KERNELS
 from .kernels import ran_line
 from .result import Check, Figure, Status, VerifyResult, count_statuses
+from .runner import SectionRun
 
 SCHEMA_VERSION = 1
 _WORDS: dict[Status, str] = {"pass": "passed", "fail": "failed", "not-tested": "not tested", "error": "errors"}
@@ -29,7 +29,7 @@ _MARKS: dict[Status, str] = {
 }
 
 
-def _fmt(x: float | None) -> str:
+def fmt(x: float | None) -> str:
     if x is None:
         return ""
     if x == 0 or math.isinf(x):
@@ -47,7 +47,7 @@ def tally(checks: list[Check]) -> str:
 def _section_note(section: str, checks: list[Check], alpha: float) -> str:
     if section == "sampling":
         chi = [c.value for c in checks if c.name.startswith("chi-square") and c.value is not None]
-        return f", α = {alpha:.2g} per test, smallest chi-square p = {_fmt(min(chi, default=None))}"
+        return f", α = {alpha:.2g} per test, smallest chi-square p = {fmt(min(chi, default=None))}"
     if section == KERNELS:
         return f", {sum(c.value or 0.0 for c in checks):.0f} examples; the implementation that ran, per op:"
     if section in ("bf16 norms", "run"):
@@ -56,7 +56,7 @@ def _section_note(section: str, checks: list[Check], alpha: float) -> str:
     if not measured:
         return ""
     worst = max(measured, key=lambda c: (c.value or 0.0) / (c.limit or 1.0))
-    return f", worst |Δlogit| {_fmt(worst.value)} (bound {_fmt(worst.limit)})"
+    return f", worst |Δlogit| {fmt(worst.value)} (bound {fmt(worst.limit)})"
 
 
 def verdict(result: VerifyResult) -> str:
@@ -82,9 +82,34 @@ def console_table(result: VerifyResult) -> Table:
     for col in ("section", "check", "result", "value", "limit"):
         table.add_column(col, overflow="fold")
     for check in (c for section in result.sections() for c in result.section(section)):
-        limit = f"{check.passes_when} {_fmt(check.limit)}" if check.passes_when and check.limit is not None else ""
-        table.add_row(Text(check.section), Text(check.name), _MARKS[check.status], _fmt(check.value), limit)
+        limit = f"{check.passes_when} {fmt(check.limit)}" if check.passes_when and check.limit is not None else ""
+        table.add_row(Text(check.section), Text(check.name), _MARKS[check.status], fmt(check.value), limit)
     return table
+
+
+def worst_status(checks: list[Check]) -> Status:
+    """The status a section shows: error, else fail, else not-tested, else pass."""
+    return next(s for s in ("error", "fail", "not-tested", "pass") if any(c.status == s for c in checks))
+
+
+def section_table(result: VerifyResult) -> Table:
+    """One row per section: its worst status, its tally and its seconds (failure_details lists what did not pass)."""
+    table = Table(title=f"verify {result.model} ({result.plan}, target {result.target.name})")
+    for col in ("section", "result", "checks", "seconds"):
+        table.add_column(col, overflow="fold")
+    for section in result.sections():
+        checks = result.section(section)
+        seconds = f"{result.section_seconds(section):.1f}"
+        table.add_row(Text(section), _MARKS[worst_status(checks)], Text(tally(checks)), seconds)
+    return table
+
+
+def section_line(run: SectionRun) -> str:
+    """A finished section in one line, for a log: its name, its counts (or 'done' without checks) and its seconds."""
+    counts = count_statuses(run.checks)
+    words = [f"{counts[s]} {_WORDS[s]}" for s in ("pass", "fail", "error")]
+    words += [f"{counts['not-tested']} {_WORDS['not-tested']}"] if counts["not-tested"] else []
+    return f"{run.name}: {', '.join(words) if run.checks else 'done'} ({run.seconds:.1f} s)"
 
 
 def failure_details(result: VerifyResult) -> list[str]:
@@ -111,6 +136,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
             "passes_when": c.passes_when,
             "status": c.status,
             "detail": c.detail,
+            "seconds": c.seconds,
         }
         for c in result.checks
     ]
@@ -131,6 +157,10 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "versions": env.versions,
         "device": env.device,
         "plugins": result.plugins,
+        "plugin_files": [asdict(p) for p in result.plugin_files],
+        "env": result.env,
+        "started": result.started,
+        "rerun": result.rerun,
         "seconds": result.seconds,
         "checks": checks,
         "figure": asdict(result.figure) if result.figure is not None else None,
@@ -141,54 +171,6 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
 def write_json(result: VerifyResult, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(to_json(result), indent=1, allow_nan=False))
-
-
-def write_junit(result: VerifyResult, path: Path) -> None:
-    """JUnit XML: a testsuite per section, a testcase per check; fail -> failure, error -> error, not-tested ->
-    skipped."""
-    counts = result.counts()
-    root = ET.Element(
-        "testsuites",
-        name="hfparity-verify",
-        tests=str(len(result.checks)),
-        failures=str(counts["fail"]),
-        errors=str(counts["error"]),
-        skipped=str(counts["not-tested"]),
-        time=f"{result.seconds:.3f}",
-    )
-    env = result.environment
-    for section in result.sections():
-        checks = result.section(section)
-        section_counts = count_statuses(checks)
-        suite = ET.SubElement(
-            root,
-            "testsuite",
-            name=section,
-            tests=str(len(checks)),
-            failures=str(section_counts["fail"]),
-            errors=str(section_counts["error"]),
-            skipped=str(section_counts["not-tested"]),
-            hostname=platform.node(),
-        )
-        props = ET.SubElement(suite, "properties")
-        for key, value in (
-            ("model", result.model),
-            ("target", result.target.name),
-            ("commit", env.commit),
-            ("device", env.device),
-        ):
-            ET.SubElement(props, "property", name=key, value=value)
-        for c in checks:
-            case = ET.SubElement(suite, "testcase", classname=f"verify.{section}", name=c.name, time="0")
-            value = "" if c.value is None else f"value {_fmt(c.value)} (passes when {c.passes_when} {_fmt(c.limit)})"
-            tag = {"fail": "failure", "error": "error", "not-tested": "skipped"}.get(c.status)
-            if tag is not None:
-                first = c.detail.splitlines()[0] if c.detail else c.status
-                ET.SubElement(case, tag, message=first).text = "\n".join(filter(None, [value, c.detail]))
-            elif value:
-                ET.SubElement(case, "system-out").text = f"{value}\n{c.detail}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def plot(figure: Figure, path: Path) -> None:
@@ -222,13 +204,6 @@ def _md_cell(text: str) -> str:
 _MD_STATUS: dict[Status, str] = {"pass": "pass", "fail": "**FAIL**", "not-tested": "not tested", "error": "**ERROR**"}
 
 
-def reproduce_command(result: VerifyResult) -> str:
-    parts = ["python -m oracle verify", f"--model {result.model}", f"--target {result.target.name}"]
-    parts += [f"--plugin {p}" for p in result.plugins]
-    parts += ["--quick"] if result.plan == "quick" else []
-    return " ".join([*parts, f"--seed {result.seed}"])
-
-
 def _kernels_markdown(checks: list[Check]) -> list[str]:
     """The kernels section: per op, the implementation that ran and how many examples, and a failure's message."""
     out = [f"## {KERNELS}", "", "| op | implementation that ran | examples | result | failure |"]
@@ -236,8 +211,17 @@ def _kernels_markdown(checks: list[Check]) -> list[str]:
     for c in checks:
         failure = "" if c.passed else _md_cell("\n".join(c.detail.splitlines()[:-1]))
         ran = _md_cell(ran_line(c))
-        out.append(f"| {_md_cell(c.name)} | {ran} | {_fmt(c.value)} | {_MD_STATUS[c.status]} | {failure} |")
+        out.append(f"| {_md_cell(c.name)} | {ran} | {fmt(c.value)} | {_MD_STATUS[c.status]} | {failure} |")
     return [*out, ""]
+
+
+def _provenance_markdown(result: VerifyResult) -> list[str]:
+    """The plugins loaded (file, sha256, version) and the allow-listed environment (oracle.provenance)."""
+    out = ["## Provenance", "", f"- started (UTC): {result.started}"]
+    for p in result.plugin_files:
+        out.append(f"- plugin `{p.module}`: `{p.file}`, sha256 `{p.sha256}`, version {p.version or 'none'}")
+    env = ", ".join(f"`{k}={v}`" for k, v in result.env.items()) or "none set"
+    return [*out, f"- environment (allow-listed): {env}", ""]
 
 
 def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
@@ -249,6 +233,7 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
     )
     versions = ", ".join(f"{k} {v}" for k, v in env.versions.items())
     out += ["", f"Commit `{env.commit}` on {env.device}; {versions}."]
+    out += ["", f"Rerun: `{result.rerun}`"]
     out += ["", *[f"- {line}" for line in summary_lines(result)], ""]
     for section in result.sections():
         if section == KERNELS:
@@ -257,9 +242,9 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
         out += [f"## {section}", "", "| check | result | value | limit | detail |", "|---|---|---|---|---|"]
         for c in result.section(section):
             detail = _md_cell(c.detail.splitlines()[0] if c.passed and c.detail else c.detail)
-            limit = f"{c.passes_when} {_fmt(c.limit)}" if c.passes_when and c.limit is not None else ""
+            limit = f"{c.passes_when} {fmt(c.limit)}" if c.passes_when and c.limit is not None else ""
             out.append(
-                f"| {_md_cell(c.name)} | {_MD_STATUS[c.status]} | {_fmt(c.value)} | {_md_cell(limit)} | {detail} |"
+                f"| {_md_cell(c.name)} | {_MD_STATUS[c.status]} | {fmt(c.value)} | {_md_cell(limit)} | {detail} |"
             )
         out.append("")
     if png is not None and result.figure is not None:
@@ -274,8 +259,8 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
         f"- sampling: chi-square and support tests at α = {result.alpha:.3g} each (family budget 1e-3 per run,",
         "  Bonferroni); tokens whose keep/drop decision is within tolerance of a threshold are excluded. A",
         "  chi-square left with one bucket has nothing to test: it is *not tested*, never a pass.",
-        f"- reproduce: `{reproduce_command(result)}`",
         "",
+        *_provenance_markdown(result),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))

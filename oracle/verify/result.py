@@ -3,6 +3,7 @@ plotted :class:`Figure` and the :class:`VerifyResult` the reports render."""
 
 from __future__ import annotations
 
+import shlex
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from ..environment import Environment
+from ..provenance import PluginFile
 from ..target import Target
 
 Status = Literal["pass", "fail", "not-tested", "error"]
@@ -29,8 +31,8 @@ def holds(value: float, limit: float, passes_when: PassesWhen) -> bool:
 @dataclass(frozen=True)
 class Check:
     """One verdict. value: the measured quantity; limit: what it is held to; passes_when: the passing side of the
-    limit; status: pass, fail, not-tested (nothing to test: e.g. a chi-square with one bucket) or error (the run
-    stopped: the engine raised)."""
+    limit; status: pass, fail, not-tested (nothing to test: e.g. a chi-square with one bucket, or a section not run
+    after an error) or error (the section stopped: the engine raised); seconds: its share of its section's time."""
 
     section: str
     name: str
@@ -39,6 +41,7 @@ class Check:
     limit: float | None = None
     passes_when: PassesWhen | None = None
     detail: str = ""
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -59,6 +62,12 @@ class Check:
         where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
         message = " ".join(str(exc).split()) or "(no message)"
         return cls("run", f"{stage}: {type(exc).__name__}", "error", detail=f"{type(exc).__name__}: {message}{where}")
+
+    @classmethod
+    def not_run(cls, stage: str, needed: str, raised: str) -> Check:
+        """`stage` skipped: it needs the output of `needed`, which raised `raised` (recorded as its own error)."""
+        detail = f"not run: it needs the output of {needed}, which raised {raised}"
+        return cls("run", f"{stage}: not run", "not-tested", detail=detail)
 
 
 def count_statuses(checks: Sequence[Check]) -> dict[Status, int]:
@@ -93,6 +102,13 @@ class VerifyResult:
     figure: Figure | None = None
     seconds: float = 0.0
     prompts: list[list[int]] = field(default_factory=list)
+    started: str = ""  # UTC, ISO 8601
+    plugin_files: list[PluginFile] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the allow-listed variables (oracle.provenance)
+    rerun: str = ""  # the command line that reruns this verify
+
+    def section_seconds(self, name: str) -> float:
+        return sum(c.seconds for c in self.section(name))
 
     def counts(self) -> dict[Status, int]:
         return count_statuses(self.checks)
@@ -112,3 +128,12 @@ class VerifyResult:
 
     def sections(self) -> list[str]:
         return list(dict.fromkeys(c.section for c in self.checks))
+
+
+def rerun_command(model: str, target: str, plugins: Sequence[str], plan: str, seed: int) -> str:
+    """The verify command line for these settings; plugins: loaded modules or entry points (``module:attr``)."""
+    parts = ["python -m oracle verify", f"--model {shlex.quote(model)}", f"--target {shlex.quote(target)}"]
+    modules = dict.fromkeys(p.partition(":")[0] for p in plugins)
+    parts += [f"--plugin {shlex.quote(m)}" for m in modules]
+    parts += ["--quick"] if plan == "quick" else []
+    return " ".join([*parts, f"--seed {seed}"])

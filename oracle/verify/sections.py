@@ -127,12 +127,33 @@ def check_greedy_and_logits(
     return checks
 
 
+def _row_check(
+    section: str,
+    name: str,
+    where: str,
+    sides: tuple[str, str],
+    rows: tuple[torch.Tensor, torch.Tensor],
+    bound: float,
+    label: Callable[[int], str],
+) -> Check:
+    """Two logit rows of one position held to `bound`; the detail names where, both argmaxes and the worst logit."""
+    (a, b), (row_a, row_b) = sides, rows
+    worst = worst_logit_error(row_a, row_b)
+    (token,) = worst.index
+    detail = (
+        f"{where}; argmax: {a} {label(int(row_a.argmax()))}, {b} {label(int(row_b.argmax()))}; worst at token "
+        f"{label(token)}: {a} {worst.actual:.6g} vs {b} {worst.reference:.6g}"
+    )
+    return Check.measured(section, name, worst.value, bound, "<=", detail)
+
+
 def check_prefill_consistency(
     engine: Engine,
     gens: Sequence[Generation],
     prompts: Sequence[list[int]],
     labels: Sequence[str],
     tol: LogitTolerance,
+    token_label: Callable[[int], str],
 ) -> list[Check]:
     """At each prompt's last step s: the decode row against a fresh prefill of prompt + tokens[:s], and that
     prefill against the same prefix prefilled in two chunks (the prompt, then the s tokens as one extend)."""
@@ -143,15 +164,21 @@ def check_prefill_consistency(
     uids = [split.add(pre, params, chunk_sizes=[len(p), len(pre) - len(p)]) for pre, p in zip(prefixes, prompts)]
     split.run()
     checks = []
-    for gen, one, two, label in zip(gens, single, completed([split.result(u) for u in uids]), labels):
-        step = len(gen.output_ids) - 1
+    for gen, one, two, label, prefix in zip(gens, single, completed([split.result(u) for u in uids]), labels, prefixes):
+        step, position = len(gen.output_ids) - 1, len(prefix) - 1
         prefilled, extended = one.logits[0], two.logits[0]
         require_finite(torch.stack([prefilled, extended]), f"prefill of {label}")
         bound = tol.bound(prefilled)
-        err = logits_error(gen.logits[step], prefilled)
-        checks.append(Check.measured("decode ≡ prefill", f"{label}, step {step}", err, bound, "<="))
-        err = logits_error(extended, prefilled)
-        checks.append(Check.measured("split prefill ≡ prefill", f"{label}, extend of {step} tokens", err, bound, "<="))
+        where = f"decode step {step}, position {position}: the decode row vs one prefill of the {len(prefix)} tokens"
+        rows = (gen.logits[step], prefilled)
+        checks.append(_row_check("decode ≡ prefill", f"{label}, step {step}", where, ("decode", "prefill"), rows,
+                                 bound, token_label))
+        where = (
+            f"position {position}: the prompt's {len(prefix) - step} tokens then {step} as one extend, vs one "
+            f"prefill of the {len(prefix)}"
+        )
+        checks.append(_row_check("split prefill ≡ prefill", f"{label}, extend of {step} tokens", where,
+                                 ("split", "prefill"), (extended, prefilled), bound, token_label))
     return checks
 
 

@@ -1,0 +1,134 @@
+"""A target as written, without torch or the engine: the fields, the presets, and parsing of a preset name with
+``,key=value`` overrides or a TOML file, so that a command line can reject a bad ``--target`` before importing
+anything heavy. :mod:`oracle.target` adds what needs the engine: dtype names, whether it runs here, engine configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET_ENV = "HFPARITY_TARGET"
+DEFAULT = "cpu-fp32"
+
+
+class TargetError(ValueError):
+    """A target that does not parse, or cannot run on this machine; the message says which key and why."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention: str = "torch"
+    kernels: str = "torch"
+    sampler: str = "torch"
+    graphs: bool = False
+    page_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    head_dim: int = 16
+
+    def describe(self) -> dict[str, Any]:
+        """The fields as plain data, for reports."""
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, TargetSpec] = {
+    t.name: t
+    for t in (
+        TargetSpec("cpu-fp32"),
+        TargetSpec("cpu-bf16", dtype="bfloat16"),
+        TargetSpec(
+            "cuda-bf16",
+            device="cuda",
+            dtype="bfloat16",
+            attention="flashinfer",
+            kernels="triton",
+            sampler="flashinfer",
+            graphs=True,
+            page_sizes=(1, 4, 16),
+            head_dim=64,
+        ),
+        TargetSpec("cuda-bf16-torch", device="cuda", dtype="bfloat16", page_sizes=(1, 4, 16), head_dim=64),
+    )
+}
+
+_BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
+
+
+def _field(key: str, value: object) -> object:
+    """A field value from a string (the short form) or a TOML value, checked (a dtype's name: by oracle.target)."""
+    if key == "graphs":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _BOOLS:
+            return _BOOLS[value.lower()]
+        raise TargetError(f"graphs={value!r}: use on or off")
+    if key == "page_sizes":
+        items: Any = value.replace(":", "/").split("/") if isinstance(value, str) else value
+        try:
+            sizes = tuple(int(v) for v in items)
+        except (TypeError, ValueError):
+            raise TargetError(f"page_sizes={value!r}: use sizes separated by '/', e.g. 1/4/16") from None
+        if not sizes or min(sizes) < 1:
+            raise TargetError(f"page_sizes={value!r}: use one or more sizes >= 1")
+        return sizes
+    if key == "head_dim":
+        try:
+            dim = int(value)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            raise TargetError(f"head_dim={value!r}: use an even int >= 2") from None
+        if dim < 2 or dim % 2:
+            raise TargetError(f"head_dim={value!r}: use an even int >= 2")
+        return dim
+    if not isinstance(value, str) or not value:
+        raise TargetError(f"{key}={value!r}: use a name")
+    if key == "device" and value not in ("cpu", "cuda"):
+        raise TargetError(f"device={value!r}: use cpu or cuda")
+    return value
+
+
+KEYS = tuple(f.name for f in dataclasses.fields(TargetSpec) if f.name != "name")
+
+
+def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec:
+    if preset not in PRESETS:
+        raise TargetError(f"unknown target preset {preset!r}; presets: {', '.join(PRESETS)}")
+    unknown = sorted(set(overrides) - set(KEYS))
+    if unknown:
+        raise TargetError(f"unknown target key(s) {', '.join(unknown)}; keys: {', '.join(KEYS)}")
+    fields = {k: _field(k, v) for k, v in overrides.items()}
+    return dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+
+
+def parse_spec(text: str) -> TargetSpec:
+    """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
+    text = text.strip()
+    if text.endswith(".toml"):
+        path = Path(text)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise TargetError(f"target file {text}: {exc}") from None
+        data = data.get("target", data)  # either top-level keys or a [target] table
+        preset, name = str(data.pop("preset", DEFAULT)), str(data.pop("name", path.stem))
+        return build(preset, data, name)
+    head, *rest = [part.strip() for part in text.split(",")] if text else [DEFAULT]
+    preset, pairs = (DEFAULT, [head, *rest]) if "=" in head else (head, rest)
+    overrides: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise TargetError(f"target part {pair!r}: use key=value")
+        overrides[key.strip()] = value.strip()
+    return build(preset, overrides, text)
+
+
+def target_text(option: str | None = None) -> str:
+    """How the target is named: `option`, else $HFPARITY_TARGET, else the default (cpu-fp32)."""
+    return option or os.environ.get(TARGET_ENV) or DEFAULT
