@@ -11,10 +11,11 @@ Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; d
   loaded 2-core machine takes what it takes), print_blob so a failure replays with ``@reproduce_failure``; 25
   examples per test before the per-test shares of :func:`oracle.budget.examples`.
 * ``deep``: 400 examples per test, random (a new seed each run), the local example database kept.
-* ``dev``: 5 examples per test, derandomized: a quick smoke run while editing.
+* ``dev``: 5 examples per test, derandomized: a quick smoke run while editing (floors not judged, as under
+  ``fast``).
 * ``fast``: the kernel engineer's loop (README "The fast loop"): 3 examples per test, derandomized, the first bug
   reported without looking for others, shrinking cut after ``SHRINK_SECONDS["fast"]``, and no vacuity floors
-  judged (a few examples say nothing about how often a strategy reaches its case).
+  judged: a profile under ``oracle.coverage.MIN_EXAMPLES`` examples per test says nothing about coverage.
 * ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or ``--hypothesis-seed``'s:
   runs the statistical properties under many seeds to count false failures.
 * ``gpu``: ``ci`` with 10 examples per test and no shrinking, for ``--target cuda-*`` inside one 10-minute device
@@ -147,8 +148,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         result = yield
     if observed.shares:  # shown with -rP: how often each declared case was exercised
         item.add_report_section("call", "vacuity floors", "\n".join(observed.lines()))
-    # `fast` looks for bugs with a few examples; whether they reach their cases is judged under the others.
-    shortfalls = observed.shortfalls() if settings.get_current_profile_name() != "fast" else []
+    # A profile of a few examples per test (fast, dev) looks for bugs; coverage is judged under the larger ones.
+    shortfalls = observed.shortfalls() if settings().max_examples >= coverage.MIN_EXAMPLES else []
     if shortfalls:
         from oracle.checks import NUMERICS_LAW
 
