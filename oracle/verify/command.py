@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace, outputs: Outputs, out: Console, err: Console)
         )
     out.print(report.console_table(result) if args.verbose else report.section_table(result))
     for detail in report.failure_details(result):
-        out.print(detail, style="red", markup=False, highlight=False)
+        out.print(detail, style="red", markup=False, highlight=False, soft_wrap=True)  # one line each, for grep
     png = outputs.png if result.figure is not None else None
     if png is not None and result.figure is not None:
         report.plot(result.figure, png)
@@ -82,8 +82,8 @@ def _run(args: argparse.Namespace, outputs: Outputs, out: Console, err: Console)
         write_junit(result, outputs.junit)
         written.append(outputs.junit)
     for line in report.summary_lines(result):
-        out.print(line, highlight=False)
-    out.print("wrote " + ", ".join(map(str, written)), highlight=False)
+        out.print(line, highlight=False, soft_wrap=True)
+    out.print("wrote " + ", ".join(map(str, written)), highlight=False, soft_wrap=True)
     out.print(f"rerun: {result.rerun}", highlight=False, markup=False, soft_wrap=True)
     return {"pass": 0, "fail": 1, "error": 3}[result.status]
 
