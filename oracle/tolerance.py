@@ -97,6 +97,14 @@ def rounding_bound(reference: torch.Tensor, dtype: torch.dtype, ulps: int) -> to
     return ulps * 2.0 * unit_roundoff(dtype) * scale
 
 
+def summation_bound(magnitude: torch.Tensor, terms: int, dtype: torch.dtype) -> torch.Tensor:
+    """Elementwise bound of a `terms`-long sum or dot product evaluated in `dtype`, in any order, against its exact
+    value: gamma_terms x sum |x_k| (`magnitude`), gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability of
+    Numerical Algorithms, 3.1); two evaluation orders lie within twice this of each other."""
+    nu = terms * unit_roundoff(dtype)
+    return nu / (1 - nu) * magnitude.double()
+
+
 PARTIAL_ROUNDINGS = 8
 """Roundings of partial sums to the dtype a cuBLAS product may make (its split-K count is its own choice under
 torch's default reduced-precision reduction for bf16/fp16): the worst seen on the H200 over the op suite's shapes
