@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -196,9 +197,19 @@ def test_the_kill_table_runs_from_a_checkout_that_is_not_installed(tmp_path: Pat
     """Only on PYTHONPATH (a GPU box): the children's pytest still loads the harness plugin, so the baseline
     passes and the mutant is killed."""
     python = _uninstalled_python(tmp_path / "venv")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # A copy of the sources: an editable install leaves *.egg-info in the checkout, which PYTHONPATH would expose.
+    checkout = tmp_path / "checkout"
+    for name in ("engine", "oracle", "properties", "tests", "examples", "benchmarks", "pyproject.toml"):
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, checkout / name)
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
     probe = "import importlib.metadata as m; print(sorted(e.value for e in m.entry_points(group='pytest11')))"
-    found = subprocess.run([str(python), "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    found = subprocess.run(
+        [str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert "oracle" not in found and "hfparity" not in found, found
     cmd = [str(python), "-m", "oracle.mutants", "--fast", "--only", "seed_ignored", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
