@@ -6,6 +6,7 @@ On CPU, NullStream and NullEvent stand in for CUDA's, which makes every "async" 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import threading
 from contextlib import AbstractContextManager, nullcontext
@@ -154,25 +155,29 @@ def cpu_threads_for(tp_size: int) -> int | None:
 
 class ThreadCount:
     """torch's CPU thread count is one setting per process: the first engine to claim it saves the count it
-    found, and the last one to release it puts that back, whatever order engines shut down in."""
+    found, and the last claim released puts that back, whatever order engines shut down (or are collected) in."""
 
     def __init__(self) -> None:
         self._holders: set[int] = set()
+        self._tokens = itertools.count()
         self._saved: int | None = None
         self._lock = threading.Lock()
 
-    def claim(self, holder: object, threads: int) -> None:
+    def claim(self, threads: int) -> int:
+        """Set the count; returns the token that release() takes (a token, not the engine: nothing keeps it alive)."""
         with self._lock:
             if not self._holders:
                 self._saved = torch.get_num_threads()
-            self._holders.add(id(holder))
+            token = next(self._tokens)
+            self._holders.add(token)
             torch.set_num_threads(threads)
+            return token
 
-    def release(self, holder: object) -> None:
+    def release(self, token: int) -> None:
         with self._lock:
-            if id(holder) not in self._holders:
+            if token not in self._holders:
                 return
-            self._holders.discard(id(holder))
+            self._holders.discard(token)
             if not self._holders and self._saved is not None:
                 torch.set_num_threads(self._saved)
                 self._saved = None

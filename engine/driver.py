@@ -215,7 +215,9 @@ class StaticDriver:
                 f"{what}: this StaticDriver is in use by another thread; a driver serves one thread at a time"
             )
         try:
-            yield
+            # The engine too, for the whole call: no shutdown() or release_rows() lands between its engine calls.
+            with self.engine.exclusive(what):
+                yield
         finally:
             self._busy.release()
 

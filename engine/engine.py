@@ -14,6 +14,7 @@ size runs as one graph replay (engine/graph.py): prepare_batch only packs its in
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,6 +150,7 @@ class Engine:
         self.config = config
         self._closed = False
         self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter
+        self._release_threads: Callable[[], object] = lambda: None  # set where a thread count is claimed
         # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: no other request may
         # write over them until the row is released (release_rows).
         self.live_rows: dict[int, tuple[int, int]] = {}
@@ -295,7 +297,8 @@ class Engine:
     def _init_cpu_threads(self) -> None:
         threads = cpu_threads_for(self.tp_info.size) if self.device.torch_device.type == "cpu" else None
         if threads is not None:
-            CPU_THREADS.claim(self, threads)
+            # Released by shutdown(), or when the engine is collected without one.
+            self._release_threads = weakref.finalize(self, CPU_THREADS.release, CPU_THREADS.claim(threads))
 
     @property
     def model_config(self) -> ModelConfig:
@@ -321,8 +324,10 @@ class Engine:
 
     def release_rows(self, rows: Iterable[int]) -> None:
         """Declare the KV of these page-table rows dead: their slots may be written by other rows again."""
-        for row in rows:
-            self.live_rows.pop(row, None)
+        self.check_open()
+        with self.exclusive("release_rows"):
+            for row in rows:
+                self.live_rows.pop(row, None)
 
     def prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
         """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args. A
@@ -422,14 +427,16 @@ class Engine:
         return ForwardOutput(next_tokens, event, logits, host, record)
 
     def shutdown(self) -> None:
-        """Release graphs, communication and memory, and restore the thread count. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self.graph_runner.destroy()
-        self.comm.destroy()
-        CPU_THREADS.release(self)
-        del self.model, self.kv_cache, self.page_table, self.attn_backend, self.ctx
+        """Release graphs, communication and memory, and restore the thread count. Safe to call twice; refused
+        (EngineBusyError) while another thread's call, or its driver's, holds the engine."""
+        with self.exclusive("shutdown"):
+            if self._closed:
+                return
+            self._closed = True
+            self.graph_runner.destroy()
+            self.comm.destroy()
+            self._release_threads()
+            del self.model, self.kv_cache, self.page_table, self.attn_backend, self.ctx
         if self.device.is_cuda:
             torch.cuda.empty_cache()
 

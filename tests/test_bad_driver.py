@@ -8,6 +8,7 @@ bitwise equal to one before.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from engine import (
     Engine,
     EngineBusyError,
     EngineConfig,
+    EngineError,
     InvalidRequestError,
     SamplingParams,
 )
@@ -309,17 +311,21 @@ def test_close_aborts_and_frees_the_engine(contract: Contract) -> None:
 
 
 # ---- one thread at a time ------------------------------------------------------------------------------------
-def _blocked_in_forward(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """The next forward pass waits until `release` is set; `entered` is set when it starts waiting."""
+def _blocked_in(
+    driver: StaticDriver, where: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """The next forward pass (inside an engine call) or page-table write (the driver's own work, between engine
+    calls) waits until `release` is set; `entered` is set when it starts waiting."""
     entered, release = threading.Event(), threading.Event()
-    forward = engine.model.forward
+    owner, name = (driver.engine.model, "forward") if where == "forward" else (driver, "_write_pages")
+    original = getattr(owner, name)
 
-    def blocking(*args: Any) -> torch.Tensor:
+    def blocking(*args: Any) -> Any:
         entered.set()
-        assert release.wait(60), "the test never released the forward pass"
-        return forward(*args)
+        assert release.wait(60), "the test never released the blocked call"
+        return original(*args)
 
-    monkeypatch.setattr(engine.model, "forward", blocking)
+    monkeypatch.setattr(owner, name, blocking)
     return entered, release
 
 
@@ -330,17 +336,21 @@ SECOND_THREAD_CALLS: list[tuple[str, Callable[[StaticDriver], object], tuple[str
     ("abort", lambda d: d.abort(0), ("abort", "another thread")),
     ("engine.prepare_batch", lambda d: d.engine.prepare_batch([d.running[0].req], "decode"),
      ("prepare_batch", "engine is in use by another thread")),
+    ("engine.shutdown", lambda d: d.engine.shutdown(), ("shutdown", "engine is in use by another thread")),
+    ("engine.release_rows", lambda d: d.engine.release_rows([0]), ("release_rows", "engine is in use")),
 ]
 
 
+@pytest.mark.parametrize("where", ["forward", "page writes"])
 @pytest.mark.parametrize("name,call,needles", SECOND_THREAD_CALLS, ids=[c[0] for c in SECOND_THREAD_CALLS])
 def test_a_second_thread_is_refused_at_once(
     contract: Contract, monkeypatch: pytest.MonkeyPatch, name: str, call: Callable[[StaticDriver], object],
-    needles: tuple[str, ...],
+    needles: tuple[str, ...], where: str,
 ) -> None:
+    """Refused while the first thread is inside an engine call, and between two (its driver's page writes)."""
     driver = StaticDriver(contract.engine)
     driver.add([5, 6, 7], GREEDY)
-    entered, release = _blocked_in_forward(contract.engine, monkeypatch)
+    entered, release = _blocked_in(driver, where, monkeypatch)
     outcome: list[object] = []
     worker = threading.Thread(target=lambda: outcome.append(driver.generate([[8, 9]], GREEDY)))
     worker.start()
@@ -353,3 +363,34 @@ def test_a_second_thread_is_refused_at_once(
     monkeypatch.undo()
     assert len(outcome) == 1, "the first thread's generate did not complete"
     contract.still_generates(driver)
+
+
+def test_threads_hammering_one_engine_meet_only_typed_errors(qwen3: Path) -> None:
+    """One thread generates while others shut the engine down, release rows and step: every refusal is an
+    EngineError (busy, or closed once a shutdown got through), never an error from half-torn-down state."""
+    untyped: list[BaseException] = []
+
+    def guarded(call: Callable[[], object], rounds: int) -> None:
+        for _ in range(rounds):
+            try:
+                call()
+            except EngineError:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+                untyped.append(exc)
+
+    for _ in range(5):
+        engine = _engine(qwen3)
+        driver = StaticDriver(engine)
+        workers = [
+            threading.Thread(target=guarded, args=(functools.partial(driver.generate, [[1, 2, 3]] * 2, GREEDY), 20)),
+            threading.Thread(target=guarded, args=(functools.partial(engine.release_rows, [0, 1]), 200)),
+            threading.Thread(target=guarded, args=(driver.step, 200)),
+            threading.Thread(target=guarded, args=(engine.shutdown, 50)),
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(120)
+        engine.shutdown()
+    assert not untyped, [f"{type(e).__name__}: {e}" for e in untyped[:5]]

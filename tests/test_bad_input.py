@@ -13,6 +13,7 @@ random draw, so the other rows, run again without it, get exactly the tokens the
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import subprocess
@@ -36,6 +37,7 @@ from engine import (
     Req,
     SamplingParams,
 )
+from engine.device import cpu_threads_for
 from engine.driver import PageLayout, StaticDriver
 from engine.sample import Sampler
 from oracle.hf import HFOracle
@@ -549,6 +551,28 @@ def test_shutdown_twice_then_every_use_is_refused(contract: Contract) -> None:
     expect(EngineClosedError, lambda: driver.generate([[1]], GREEDY), "shut down")
     expect(EngineClosedError, lambda: StaticDriver(engine), "shut down")
     assert (req.cached_len, req.device_len) == (0, 3)
+
+
+def test_release_rows_after_shutdown_is_refused(contract: Contract) -> None:
+    contract.engine.shutdown()
+    expect(EngineClosedError, lambda: contract.engine.release_rows([0]), "shut down")
+
+
+def test_an_engine_collected_without_shutdown_gives_the_thread_count_back(
+    qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set: the engine would leave the count alone
+    before = torch.get_num_threads()
+    sentinel = 3 if cpu_threads_for(1) != 3 else 5
+    torch.set_num_threads(sentinel)
+    try:
+        engine = Engine(cpu_config(qwen3, num_page_override=8))
+        assert torch.get_num_threads() == cpu_threads_for(1) != sentinel
+        del engine
+        gc.collect()
+        assert torch.get_num_threads() == sentinel, "a dropped engine pinned the thread count"
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_context_manager_shuts_down(qwen3: Path) -> None:
