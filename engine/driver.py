@@ -10,6 +10,7 @@ first unusable); a call from a second thread meanwhile gets EngineBusyError.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import weakref
@@ -79,11 +80,20 @@ class PageAllocator:
             )
         self.reserved += n
 
+    def peek(self, n: int) -> list[int]:
+        """The next n pages take() will hand out."""
+        return list(itertools.islice(self.free, n))
+
     def take(self) -> int:
         """A page from a reservation made earlier."""
         assert self.reserved > 0, "take() without a reservation"
         self.reserved -= 1
         return self.free.popleft()
+
+    def untake(self, page: int) -> None:
+        """Undo the last take() of `page`: back to the front of the free list, and into the reservation."""
+        self.free.appendleft(page)
+        self.reserved += 1
 
     def release(self, pages: list[int], unused_reservation: int) -> None:
         self.free.extendleft(reversed(pages))
@@ -130,6 +140,19 @@ def _restore(saved: list[_Saved]) -> None:
         if seq.req.cached_len == cached_len:
             seq.req.device_len = device_len
             seq.chunks = deque(chunks)
+
+
+@dataclass
+class _Marks:
+    """What a pass's hand-out may change, as it was before: free pages, reservations and rows (counts: releases
+    go to the fronts), the running and finished requests, and each request of the pass."""
+
+    free_pages: int
+    reserved: int
+    free_rows: int
+    running: dict[int, RequestState]
+    finished: dict[int, RequestState]
+    seqs: list[tuple[RequestState, int, int, int, list[int], bool, str, str | None]]
 
 
 @dataclass
@@ -288,12 +311,12 @@ class StaticDriver:
         return uid
 
     def _finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:
+        self.engine.release_rows([seq.req.table_idx])  # first: an interrupt there leaves the request as it was
         seq.finished = True
         seq.finish_reason = reason
         seq.error = error
         self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
         self.free_rows.appendleft(seq.req.table_idx)
-        self.engine.release_rows([seq.req.table_idx])
         seq.pages = []
         del self.running[seq.req.uid]
         self.finished[seq.req.uid] = seq
@@ -306,30 +329,38 @@ class StaticDriver:
             self._finish(self.running[uid], "abort")
 
     # ---- pages ----------------------------------------------------------------------------------------------
-    def _grow(self, seq: RequestState, upto: int, writes: list[tuple[int, int, int]]) -> bool:
-        """Give seq one more page if slots [0, upto) need it, noting its page-table write; returns whether a page
-        was added."""
-        if len(seq.pages) * self.page_size >= upto:
-            return False
-        page = self.allocator.take()
-        writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, page))
-        seq.pages.append(page)
-        return True
-
-    def _map_pages(self, seqs: list[RequestState], upto: list[int]) -> None:
-        writes: list[tuple[int, int, int]] = []
+    def _page_grants(self, seqs: list[RequestState], upto: list[int]) -> list[RequestState]:
+        """Which request each newly needed page goes to, in the order they are taken: enough pages for slots
+        [0, upto) each; interleaved hands one page per request per round, so their pages alternate in memory."""
+        need = [max(0, -(-n // self.page_size) - len(seq.pages)) for seq, n in zip(seqs, upto)]
         if self.layout.kind == "interleaved":
-            grew = True
-            while grew:  # one page per request per round: their pages alternate in memory
-                grew = False
-                for seq, n in zip(seqs, upto):
-                    grew |= self._grow(seq, n, writes)
-        else:
-            for seq, n in zip(seqs, upto):
-                while self._grow(seq, n, writes):
-                    pass
-        if writes:
-            self._write_pages(writes)
+            return [seq for r in range(max(need, default=0)) for seq, k in zip(seqs, need) if k > r]
+        return [seq for seq, k in zip(seqs, need) for _ in range(k)]
+
+    def _map_pages(self, seqs: list[RequestState], upto: list[int]) -> list[RequestState]:
+        """All or nothing: the page-table rows are written first (past a request's pages, nothing reads them),
+        then the pages are taken and appended, with no call that can fail in between; returns the requests that
+        got a page, once per page (what _unmap takes back)."""
+        grants = self._page_grants(seqs, upto)
+        if not grants:
+            return grants
+        pages = self.allocator.peek(len(grants))
+        added: dict[int, int] = {}
+        writes = []
+        for seq, page in zip(grants, pages):
+            index = len(seq.pages) + added.get(id(seq), 0)
+            added[id(seq)] = added.get(id(seq), 0) + 1
+            writes.append((seq.req.table_idx, index * self.page_size, page))
+        self._write_pages(writes)
+        for seq, page in zip(grants, pages):
+            self.allocator.take()
+            seq.pages.append(page)
+        return grants
+
+    def _unmap(self, grants: list[RequestState]) -> None:
+        """Give back the pages a _map_pages granted, last first, so the free list is as it was."""
+        for seq in reversed(grants):
+            self.allocator.untake(seq.pages.pop())
 
     def _write_pages(self, writes: list[tuple[int, int, int]]) -> None:
         """One scatter into the page table for every page mapped this step (a write per page cost ~40 µs)."""
@@ -389,17 +420,19 @@ class StaticDriver:
         if targets is None:
             return None
         seqs, saved, phase = targets
+        granted: list[RequestState] = []
         try:
             if phase == "prefill":
-                self._map_pages(seqs, [s.req.device_len for s in seqs])
+                granted = self._map_pages(seqs, [s.req.device_len for s in seqs])
             else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
-                self._map_pages(
+                granted = self._map_pages(
                     seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * self.page_size) for s in seqs]
                 )
             partial = [s.req.is_partial_prefill for s in seqs]
             batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
             return _Launch(seqs, partial, self.engine.forward_batch(batch, args), saved)
         except BaseException:
+            self._unmap(granted)
             _restore(saved)
             raise
 
@@ -424,6 +457,39 @@ class StaticDriver:
         except BaseException:
             _restore(launch.saved)
             raise
+        marks = self._marks(launch.seqs)
+        try:
+            return self._hand_out(launch, tokens)
+        except BaseException:  # an interrupt halfway: the whole step is taken back, the engine's part included
+            self._rollback(marks)
+            launch.out.undo()
+            _restore(launch.saved)
+            raise
+
+    def _marks(self, seqs: list[RequestState]) -> _Marks:
+        return _Marks(
+            len(self.allocator.free), self.allocator.reserved, len(self.free_rows), dict(self.running),
+            dict(self.finished),
+            [(seq, len(seq.output_ids), len(seq.logits), len(seq.req.token_ids), list(seq.pages), seq.finished,
+              seq.finish_reason, seq.error) for seq in seqs],
+        )
+
+    def _rollback(self, marks: _Marks) -> None:
+        """Put the bookkeeping _hand_out touches back to `marks` (pages and rows it released went to the fronts)."""
+        for _ in range(len(self.allocator.free) - marks.free_pages):
+            self.allocator.free.popleft()
+        self.allocator.reserved = marks.reserved
+        for _ in range(len(self.free_rows) - marks.free_rows):
+            self.free_rows.popleft()
+        self.running.clear()
+        self.running.update(marks.running)
+        self.finished.clear()
+        self.finished.update(marks.finished)
+        for seq, outputs, logits, tokens, pages, finished, reason, error in marks.seqs:
+            del seq.output_ids[outputs:], seq.logits[logits:], seq.req.token_ids[tokens:]
+            seq.pages, seq.finished, seq.finish_reason, seq.error = pages, finished, reason, error
+
+    def _hand_out(self, launch: _Launch, tokens: list[int]) -> dict[int, int]:
         produced: dict[int, int] = {}
         for i, (seq, was_partial) in enumerate(zip(launch.seqs, launch.partial)):
             if was_partial or seq.finished:
