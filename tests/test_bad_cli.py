@@ -234,6 +234,13 @@ def test_the_console_script_reports_bad_usage_the_same_way(
     assert _files(tmp_path) == {blocked.parent}
 
 
+def _foreign_model_dir(tmp: Path) -> Path:
+    """A DIR whose tiny-qwen3 holds the user's own file, not a model the zoo wrote."""
+    (tmp / "o" / "tiny-qwen3").mkdir(parents=True)
+    (tmp / "o" / "tiny-qwen3" / "mine.txt").write_text("mine")
+    return tmp / "o"
+
+
 # These builders get only the scratch dir.
 ZOO_CASES = [
     pytest.param(lambda t: [], ("command",), id="no command"),
@@ -248,6 +255,8 @@ ZOO_CASES = [
         id="smollm2 --cache-dir under a file",
     ),
     pytest.param(lambda t: ["smollm2", "--fast"], ("--fast",), id="smollm2 unknown option"),
+    pytest.param(lambda t: ["tiny", "qwen3", str(_foreign_model_dir(t))], ("DIR", "tiny-qwen3", "did not write"),
+                 id="tiny DIR/tiny-ARCH not the zoo's"),
 ]
 
 
@@ -380,8 +389,8 @@ def _inputs(tiny: Path, tmp: Path) -> Path:
 
 # After verify --model SCRATCH/m --quick; each builder gets the scratch dir.
 INPUT_CASES = [
-    pytest.param(lambda t: ["--report", str(t / "m" / "model.safetensors")], ("--report", "model.safetensors"),
-                 id="--report on the weights"),
+    pytest.param(lambda t: ["--report", str(t / "m" / "model.safetensors"), "--force"],
+                 ("--report", "model.safetensors"), id="--report on the weights with --force"),
     pytest.param(lambda t: ["--json", str(t / "m" / "config.json")], ("--json", "config.json"), id="--json on config"),
     pytest.param(lambda t: ["--json", str(t / "m" / "config.json"), "--force"], ("--json", "config.json"),
                  id="--json on config with --force"),
