@@ -12,6 +12,9 @@ from collections.abc import Callable, Sequence
 from itertools import combinations
 from pathlib import Path
 
+from .plugins import plugin_sources
+from .target_spec import target_file, target_text
+
 
 class UsageError(Exception):
     """Bad usage found after parsing; the message names the option, its value and why."""
@@ -111,6 +114,12 @@ def _within(path: Path, source: Path) -> bool:
     if real == base or base in real.parents:
         return True
     return path.exists() and source.exists() and os.path.samefile(path, source)
+
+
+def read_inputs(plugins: Sequence[str], target: str | None) -> list[tuple[str, Path]]:
+    """What a run reads besides a model, as (option, path): the plugins' sources and a target TOML file."""
+    toml = target_file(target_text(target))
+    return [*plugin_sources(plugins), *([("--target", toml)] if toml else [])]
 
 
 def check_not_input(option: str, path: Path, inputs: Sequence[tuple[str, Path]]) -> None:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .cli import Owned, UsageError, carries, check_distinct, check_output, int_in
-from .plugins import PluginError, check_findable, plugin_sources
-from .target_spec import PRESETS, TARGET_ENV, TargetError, parse_spec, target_file, target_text
+from .cli import Owned, UsageError, carries, check_distinct, check_output, int_in, read_inputs
+from .plugins import PluginError, check_findable
+from .target_spec import PRESETS, TARGET_ENV, TargetError, parse_spec, target_text
 
 EXIT_STATUS = (
     "exit status: 0 every check passed; 1 a check failed; 2 bad usage or configuration (arguments, a target that "
@@ -62,17 +62,11 @@ def outputs_of(args: argparse.Namespace) -> Outputs:
     return Outputs(args.json or args.out / f"{stem}.json", args.report or args.out / f"{stem}.md", args.junit)
 
 
-def inputs_of(args: argparse.Namespace) -> list[tuple[str, Path]]:
-    """What verify reads, which no output may overwrite: the model dir, the plugins' sources, a target TOML file."""
-    toml = target_file(target_text(args.target))
-    return [("--model", Path(args.model)), *plugin_sources(args.plugin), *([("--target", toml)] if toml else [])]
-
-
 def check_outputs(args: argparse.Namespace, outputs: Outputs) -> None:
     """Raise UsageError unless every output may be written (oracle.cli.check_output) and no two collide; creates
     nothing."""
     named = outputs.named(args)
-    inputs = inputs_of(args)
+    inputs = [("--model", Path(args.model)), *read_inputs(args.plugin, args.target)]
     for option, path, owned in named:
         check_output(option, path, inputs, owned, args.force)
     check_distinct([(option, path) for option, path, _ in named])

@@ -19,10 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
-from ..cli import UsageError, carries, check_dir, check_not_input, check_output, int_in, positive_seconds
-from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names, plugin_sources
+from ..cli import UsageError, carries, check_dir, check_not_input, check_output, int_in, positive_seconds, read_inputs
+from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
-from ..target_spec import target_file, target_text
 from . import MUTANTS, mutants_for
 from .runner import BASELINE, REPO_ROOT, REPORT_MARK, RunResult, job_of, run_table, write_json
 
@@ -76,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         load_plugins(args.plugin)
         target = from_env(args.target).require()
         if not args.list:  # --list writes nothing
-            toml = target_file(target_text(args.target))
-            inputs = [*plugin_sources(args.plugin), *([("--target", toml)] if toml else [])]
+            inputs = read_inputs(args.plugin, args.target)
             check_not_input("--out", args.out / "mutants", inputs)
             check_dir("--out", args.out / "mutants")
             check_output("--out", report, inputs, carries(REPORT_MARK), args.force)
