@@ -13,7 +13,8 @@ its NOW row and their ratio. Arguments after `--` go to pytest. A case that only
 
 The gate of each baseline is GATES below (a machine's noise decides it; benchmarks/README.md has the measurements),
 `--gate` overrides it for one run, and a name without an entry only reports. Exit status: pytest's (1 on a regression
-beyond the gate), or 2 for an unknown baseline name, a bad gate or a file that is not a baseline.
+beyond the gate), or 2 for an unknown baseline name, a bad gate, a file that is not a baseline, or (`save`, before
+the run) an existing file of that name that is not a baseline, unless --force. `save` writes the file atomically.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from oracle.atomic import replacing
+from oracle.cli import UsageError, carries, check_output
+
 HERE = Path(__file__).resolve().parent
 BASELINES = HERE / "baselines"
 REPORT = "report"  # the gate that never fails: print the comparison table only
+OWN_MARK = b'"machine_info"'  # pytest-benchmark's first key: a file holding it is a baseline `save` may replace
 
 # Per baseline: "report", or --benchmark-compare-fail expressions separated by spaces.
 GATES: dict[str, str] = {
@@ -126,8 +131,9 @@ def run_pytest(args: list[str]) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def save(name: str, directory: Path, suite: str, pytest_args: list[str]) -> int:
+def save(name: str, directory: Path, suite: str, pytest_args: list[str], force: bool = False) -> int:
     path = baseline_path(name, directory, must_exist=False)
+    check_output(f"save {name}", path, [], carries(OWN_MARK), force)  # before the suite runs: a refusal costs no run
     with tempfile.TemporaryDirectory(prefix="bench-baseline-") as scratch:
         rc = run_pytest([suite, f"--benchmark-storage=file://{scratch}", f"--benchmark-save={name}", *pytest_args])
         runs = sorted(Path(scratch).glob(f"*/*_{name}.json"))
@@ -138,8 +144,8 @@ def save(name: str, directory: Path, suite: str, pytest_args: list[str]) -> int:
             print(f"error: no benchmark ran, so nothing was saved; {_shown(path)} left as it was", file=sys.stderr)
             return 1
         data = load_baseline(runs[-1])
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(runs[-1], path)
+        with replacing(path) as tmp:
+            shutil.copyfile(runs[-1], tmp)
     print(f"saved {_shown(path)}: {describe(data)}; gate: {gate_of(name)}")
     if data["commit_info"].get("dirty"):
         print("note: the tree had uncommitted changes; the baseline's commit is not the code that ran")
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(command, parents=[where], help=f"{command} a named baseline")
         sub.add_argument("name", help="the baseline, e.g. cpu-2core or h200")
         sub.add_argument("--suite", default=str(HERE), help="the benchmarks pytest runs (default: benchmarks/)")
+        if command == "save":
+            sub.add_argument("--force", action="store_true", help="replace a file of that name that is not a baseline")
         if command == "compare":
             sub.add_argument("--gate", help=f"this run's gate instead of the baseline's: {REPORT!r} or e.g. min:20%%")
             sub.add_argument("--report-only", action="store_true", help=f"same as --gate {REPORT}")
@@ -198,12 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
     try:
         if args.command == "save":
-            return save(args.name, args.dir, args.suite, pytest_args)
+            return save(args.name, args.dir, args.suite, pytest_args, args.force)
         if args.command == "compare":
             gate = REPORT if args.report_only else gate_of(args.name, args.gate)
             return compare(args.name, args.dir, args.suite, gate, pytest_args)
         return list_baselines(args.dir)
-    except BaselineError as exc:
+    except (BaselineError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

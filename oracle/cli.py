@@ -1,6 +1,7 @@
 """What the command lines (``verify``, ``oracle.zoo``, ``oracle.mutants``) share: bad usage found after parsing
 (:class:`UsageError`, one line naming the option and the value, exit 2), argparse types for bounded numbers, and the
-checks that an output can be written, run before any work so that a bad path costs no run and creates nothing."""
+checks that an output can be written and takes nothing of the user's, run before any work so that a bad path costs no
+run and creates nothing."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ from collections.abc import Callable, Sequence
 from itertools import combinations
 from pathlib import Path
 
+from .plugins import plugin_sources
+from .target_spec import target_file, target_text
+
 
 class UsageError(Exception):
     """Bad usage found after parsing; the message names the option, its value and why."""
+
+
+Owned = Callable[[Path], bool]  # whether an existing file is one this tool wrote (so a rerun may replace it)
 
 
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -86,3 +93,46 @@ def check_distinct(outputs: Sequence[tuple[str, Path]]) -> None:
             raise UsageError(f"{b} writes {path_b} inside {path_a}, which {a} writes as a file")
         if real_b in real_a.parents:
             raise UsageError(f"{a} writes {path_a} inside {path_b}, which {b} writes as a file")
+
+
+def carries(marker: bytes, head: int = 4096) -> Owned:
+    """An Owned test: the file's first `head` bytes hold `marker`, which only this tool's report of that kind has."""
+
+    def owned(path: Path) -> bool:
+        try:
+            with path.open("rb") as fh:
+                return marker in fh.read(head)
+        except OSError:
+            return False
+
+    return owned
+
+
+def _within(path: Path, source: Path) -> bool:
+    """Whether `path` is `source` (a hard link included) or lies under it."""
+    real, base = path.resolve(), source.resolve()
+    if real == base or base in real.parents:
+        return True
+    return path.exists() and source.exists() and os.path.samefile(path, source)
+
+
+def read_inputs(plugins: Sequence[str], target: str | None) -> list[tuple[str, Path]]:
+    """What a run reads besides a model, as (option, path): the plugins' sources and a target TOML file."""
+    toml = target_file(target_text(target))
+    return [*plugin_sources(plugins), *([("--target", toml)] if toml else [])]
+
+
+def check_not_input(option: str, path: Path, inputs: Sequence[tuple[str, Path]]) -> None:
+    """Raise UsageError if `path` is or lies inside an input (option, path): --force never allows that."""
+    for name, source in inputs:
+        if _within(path, source):
+            raise UsageError(f"{option}: refusing to write {path}: it is or lies inside the input {name} {source}")
+
+
+def check_output(option: str, path: Path, inputs: Sequence[tuple[str, Path]], owned: Owned, force: bool) -> None:
+    """The rule for every output file: raise UsageError if it is or lies inside an input, cannot be written, or is
+    an existing file that `owned` does not claim as this tool's and `force` is off."""
+    check_not_input(option, path, inputs)
+    check_writable(option, path)
+    if path.exists() and not force and not owned(path):
+        raise UsageError(f"{option}: refusing to replace {path}: this tool did not write it (--force replaces it)")

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from collections.abc import Iterable
 from importlib.metadata import entry_points
+from pathlib import Path
 
 PLUGINS_ENV = "HFPARITY_PLUGINS"
 ENTRY_POINT_GROUP = "hfparity.plugins"
@@ -50,6 +51,19 @@ def check_findable(options: Iterable[str] = ()) -> None:
             raise import_error(name, exc) from exc
         if found is None:
             raise import_error(name, ModuleNotFoundError(f"No module named {name!r}", name=name))
+
+
+def plugin_sources(options: Iterable[str] = ()) -> list[tuple[str, Path]]:
+    """Each findable named plugin's source (a package's dir, else its file), as (``--plugin NAME``, path): inputs that
+    no output may overwrite."""
+    sources = []
+    for name in plugin_names(options):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            sources += [(f"--plugin {name}", Path(p)) for p in spec.submodule_search_locations]
+        elif spec is not None and spec.origin and Path(spec.origin).is_file():
+            sources.append((f"--plugin {name}", Path(spec.origin)))
+    return sources
 
 
 def load_plugins(options: Iterable[str] = ()) -> list[str]:

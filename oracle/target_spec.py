@@ -109,8 +109,8 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
 def parse_spec(text: str) -> TargetSpec:
     """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
     text = text.strip()
-    if text.endswith(".toml"):
-        path = Path(text)
+    path = target_file(text)
+    if path is not None:
         try:
             data = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -127,6 +127,11 @@ def parse_spec(text: str) -> TargetSpec:
             raise TargetError(f"target part {pair!r}: use key=value")
         overrides[key.strip()] = value.strip()
     return build(preset, overrides, text)
+
+
+def target_file(text: str) -> Path | None:
+    """The TOML file a target text names (an input no output may overwrite), or None for a preset."""
+    return Path(text.strip()) if text.strip().endswith(".toml") else None
 
 
 def target_text(option: str | None = None) -> str:

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .cli import UsageError, check_distinct, check_writable, int_in
+from .cli import Owned, UsageError, carries, check_distinct, check_output, int_in, read_inputs
 from .plugins import PluginError, check_findable
 from .target_spec import PRESETS, TARGET_ENV, TargetError, parse_spec, target_text
 
 EXIT_STATUS = (
     "exit status: 0 every check passed; 1 a check failed; 2 bad usage or configuration (arguments, a target that "
-    "cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written or that "
-    "collides with another; checked before the run, nothing written); 3 the model loaded but the engine raised or "
+    "cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written, that "
+    "collides with another, that is or lies inside an input, or that replaces a file verify did not write and "
+    "--force is not given; checked before the run, nothing written); 3 the model loaded but the engine raised or "
     "produced non-finite logits during the run (e.g. weights holding NaN): the reports are still written, with the "
     "error recorded as a check of status 'error' and the other sections run."
 )
@@ -25,6 +26,12 @@ QUICK_HELP = (
     "a shorter run: fewer prompts, fewer new tokens per prompt, fewer sampling grid points and fewer kernel examples "
     "per op (each sampling test draws more samples than in the full plan, being one of fewer tests)"
 )
+
+# What marks each report as verify's own, so that a rerun may replace it without --force.
+JSON_MARK = b'"schema_version"'
+MARKDOWN_HEADING = "# Verification report: "
+JUNIT_NAME = "hfparity-verify"
+PNG_SOFTWARE = "hfparity-verify"  # the plot's PNG "Software" text chunk
 
 
 @dataclass(frozen=True)
@@ -37,13 +44,17 @@ class Outputs:
     def png(self) -> Path:
         return self.report.with_suffix(".png")
 
-    def named(self, args: argparse.Namespace) -> list[tuple[str, Path]]:
-        """Each path with what an error calls it: its option, or ``--out DIR`` for a default path."""
+    def named(self, args: argparse.Namespace) -> list[tuple[str, Path, Owned]]:
+        """Each path with what an error calls it (its option, or ``--out DIR`` for a default path) and its mark."""
         out = f"--out {args.out}"
         report = "--report" if args.report else out
-        named = [("--json" if args.json else out, self.json), (report, self.report)]
-        named.append((f"the plot of {report}", self.png))
-        return named + ([("--junit", self.junit)] if self.junit else [])
+        named = [
+            ("--json" if args.json else out, self.json, carries(JSON_MARK)),
+            (report, self.report, carries(MARKDOWN_HEADING.encode())),
+            (f"the plot of {report}", self.png, carries(PNG_SOFTWARE.encode())),
+        ]
+        junit = carries(f'<testsuites name="{JUNIT_NAME}"'.encode())
+        return named + ([("--junit", self.junit, junit)] if self.junit else [])
 
 
 def outputs_of(args: argparse.Namespace) -> Outputs:
@@ -52,11 +63,13 @@ def outputs_of(args: argparse.Namespace) -> Outputs:
 
 
 def check_outputs(args: argparse.Namespace, outputs: Outputs) -> None:
-    """Raise UsageError unless every output can be written and no two collide; creates nothing."""
+    """Raise UsageError unless every output may be written (oracle.cli.check_output) and no two collide; creates
+    nothing."""
     named = outputs.named(args)
-    for option, path in named:
-        check_writable(option, path)
-    check_distinct(named)
+    inputs = [("--model", Path(args.model)), *read_inputs(args.plugin, args.target)]
+    for option, path, owned in named:
+        check_output(option, path, inputs, owned, args.force)
+    check_distinct([(option, path) for option, path, _ in named])
 
 
 def check_usage(args: argparse.Namespace) -> Outputs:
@@ -87,6 +100,9 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--junit", type=Path, help="also write a JUnit XML report here (one testcase per check)")
     p.add_argument("--out", type=Path, default=Path("reports"), help="default output dir (default: reports/)")
+    p.add_argument(
+        "--force", action="store_true", help="replace existing output files verify did not write (never an input)"
+    )
     p.add_argument("--quick", action="store_true", help=QUICK_HELP)
     p.add_argument(
         "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of prompts and sampling, in [0, 2**63) (default 0)"

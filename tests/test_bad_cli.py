@@ -2,10 +2,13 @@
 ``python -m oracle.mutants`` / ``hfparity-mutants``): each exits 2 with one ``error:`` line naming the option or the
 value at fault, no traceback, and nothing written; checked in-process through each ``main(argv)``, and end to end
 for a few. Also: a model whose weights hold NaN loads, so it is a run that errors (exit 3, report written), never
-a model that could not start; and a seed at the top of its range runs."""
+a model that could not start; and a seed at the top of its range runs. Issue #24: no output is or lies inside an input
+(model dir, plugin, target TOML), even with --force; an existing file a tool did not write needs --force; and a
+writer that fails midway leaves the old report whole."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,12 +22,15 @@ import pytest
 import safetensors.torch
 import torch
 
+from benchmarks import baseline
 from engine.engine import Engine
 from oracle.__main__ import main as oracle_main
 from oracle.__main__ import verify_main
 from oracle.mutants.__main__ import main as mutants_main
+from oracle.mutants.runner import write_json as write_mutants_json
 from oracle.plugins import PLUGINS_ENV
-from oracle.target import TARGET_ENV
+from oracle.target import PRESETS, TARGET_ENV
+from oracle.verify import Environment, VerifyResult, report
 from oracle.zoo.__main__ import main as zoo_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,6 +234,13 @@ def test_the_console_script_reports_bad_usage_the_same_way(
     assert _files(tmp_path) == {blocked.parent}
 
 
+def _foreign_model_dir(tmp: Path) -> Path:
+    """A DIR whose tiny-qwen3 holds the user's own file, not a model the zoo wrote."""
+    (tmp / "o" / "tiny-qwen3").mkdir(parents=True)
+    (tmp / "o" / "tiny-qwen3" / "mine.txt").write_text("mine")
+    return tmp / "o"
+
+
 # These builders get only the scratch dir.
 ZOO_CASES = [
     pytest.param(lambda t: [], ("command",), id="no command"),
@@ -242,6 +255,8 @@ ZOO_CASES = [
         id="smollm2 --cache-dir under a file",
     ),
     pytest.param(lambda t: ["smollm2", "--fast"], ("--fast",), id="smollm2 unknown option"),
+    pytest.param(lambda t: ["tiny", "qwen3", str(_foreign_model_dir(t))], ("DIR", "tiny-qwen3", "did not write"),
+                 id="tiny DIR/tiny-ARCH not the zoo's"),
 ]
 
 
@@ -353,3 +368,143 @@ def test_the_largest_seed_runs(qwen3: Path, tmp_path: Path) -> None:
     argv = ["verify", "--model", str(qwen3), "--quick", "--seed", str(2**63 - 1), "--out", str(tmp_path)]
     assert oracle_main(argv) == 0
 
+
+
+# Issue #24: an output never replaces an input, nor a file the tool did not write unless --force.
+
+
+def _digests(root: Path) -> dict[Path, str]:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _inputs(tiny: Path, tmp: Path) -> Path:
+    """A copy of the tiny model, a plugin module and a target TOML under `tmp`, all hashed by the tests; the model."""
+    model = tmp / "m"
+    shutil.copytree(tiny, model)
+    (tmp / "myplugin.py").write_text("MINE = True\n")
+    (tmp / "target.toml").write_text('preset = "cpu-fp32"\n')
+    (tmp / "notes.md").write_text("# my notes, not a verify report\n")
+    return model
+
+
+# After verify --model SCRATCH/m --quick; each builder gets the scratch dir.
+INPUT_CASES = [
+    pytest.param(lambda t: ["--report", str(t / "m" / "model.safetensors"), "--force"],
+                 ("--report", "model.safetensors"), id="--report on the weights with --force"),
+    pytest.param(lambda t: ["--json", str(t / "m" / "config.json")], ("--json", "config.json"), id="--json on config"),
+    pytest.param(lambda t: ["--json", str(t / "m" / "config.json"), "--force"], ("--json", "config.json"),
+                 id="--json on config with --force"),
+    pytest.param(lambda t: ["--out", str(t / "m")], ("--out", "--model"), id="--out the model dir"),
+    pytest.param(lambda t: ["--junit", str(t / "m" / "sub" / "j.xml")], ("--junit", "j.xml"), id="--junit under it"),
+    pytest.param(lambda t: ["--plugin", "myplugin", "--junit", str(t / "myplugin.py"), "--force"],
+                 ("--junit", "myplugin.py", "--plugin myplugin"), id="--junit on the plugin file"),
+    pytest.param(lambda t: ["--target", str(t / "target.toml"), "--json", str(t / "target.toml"), "--force"],
+                 ("--json", "target.toml", "--target"), id="--json on the target TOML"),
+    pytest.param(lambda t: ["--report", str(t / "notes.md")], ("--report", "notes.md", "--force"),
+                 id="--report on a foreign file"),
+]
+
+
+@pytest.mark.parametrize(("build", "names"), INPUT_CASES)
+def test_an_output_on_an_input_or_a_foreign_file_is_exit_2_and_every_file_unchanged(
+    build: Callable[[Path], list[str]],
+    names: tuple[str, ...],
+    qwen3: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_engine: None,
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))  # where the plugin is
+    model = _inputs(qwen3, tmp_path)
+    before = _digests(tmp_path)
+    argv = ["verify", "--model", str(model), "--quick", "--out", str(tmp_path / "o"), *build(tmp_path)]
+    assert_usage_error(_call(oracle_main, argv), capsys.readouterr().err, *names)
+    assert _digests(tmp_path) == before and _files(tmp_path) == set(before) | {model}
+
+
+def test_verify_replaces_its_own_report_and_a_foreign_file_only_with_force(
+    qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr("oracle.verify.command.execute", lambda args, outputs: ran.append(argv) or 0)
+    ours = tmp_path / "ours.md"
+    ours.write_text("# Verification report: `m`\n")
+    argv = ["verify", "--model", str(qwen3), "--report", str(ours), "--json", str(tmp_path / "r.json")]
+    assert oracle_main(argv) == 0 and ran == [argv]  # a report it wrote: replaced without --force
+    (tmp_path / "r.json").write_text('{"mine": 1}')
+    assert_usage_error(oracle_main(argv), capsys.readouterr().err, "--json", "r.json", "--force")
+    argv = [*argv, "--force"]
+    assert oracle_main(argv) == 0 and ran[-1] == argv
+
+
+def test_mutants_refuse_a_foreign_report_or_an_input_as_out_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Ran(Exception):
+        pass
+
+    def ran(*args: Any, **kwargs: Any) -> list[Any]:
+        raise Ran
+
+    monkeypatch.setattr("oracle.mutants.__main__.run_table", ran)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in (TARGET_ENV, PLUGINS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "myplug").mkdir()
+    (tmp_path / "myplug" / "__init__.py").write_text("MINE = True\n")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "mutants.json").write_text('{"mine": 1}')
+    before = _digests(tmp_path)
+    code = mutants_main(["--plugin", "myplug", "--out", str(tmp_path / "myplug"), "--force"])
+    assert_usage_error(code, capsys.readouterr().err, "--out", "--plugin myplug")
+    code = mutants_main(["--out", str(tmp_path / "o")])
+    assert_usage_error(code, capsys.readouterr().err, "--out", "mutants.json", "--force")
+    assert _digests(tmp_path) == before and _files(tmp_path) == set(before) | {tmp_path / "myplug", tmp_path / "o"}
+    with pytest.raises(Ran):
+        mutants_main(["--out", str(tmp_path / "o"), "--force"])
+
+
+def test_baseline_save_refuses_a_file_that_is_not_a_baseline_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs: list[list[str]] = []
+    monkeypatch.setattr(baseline, "run_pytest", lambda args: runs.append(args) or 1)
+    (tmp_path / "syn.json").write_text("mine")
+    before = _digests(tmp_path)
+    argv = ["save", "syn", "--dir", str(tmp_path)]
+    assert_usage_error(baseline.main(argv), capsys.readouterr().err, "save syn", "syn.json", "--force")
+    assert runs == [] and _digests(tmp_path) == before
+    assert baseline.main([*argv, "--force"]) == 1 and len(runs) == 1  # the run failed: the file is left as it was
+    assert _digests(tmp_path) == before
+
+
+def _half_then_fail(text: str, fh: Any) -> None:
+    fh.write(text[: len(text) // 2])
+    fh.flush()
+    raise OSError("no space left on device")
+
+
+def test_a_writer_that_fails_midway_leaves_the_old_report_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = VerifyResult("m", "quick", PRESETS["cpu-fp32"], "float32", 0, 1e-3, Environment("c", {}, "cpu"))
+    old = {name: tmp_path / name for name in ("v.json", "v.md", "mutants.json")}
+    for path in old.values():
+        path.write_text(f"the previous {path.name}")
+    before = _digests(tmp_path)
+    monkeypatch.setattr(json, "dump", lambda obj, fh, **kw: _half_then_fail(json.dumps(obj, **kw), fh))
+
+    def write_text(self: Path, text: str, *args: Any, **kwargs: Any) -> int:
+        with self.open("w") as fh:
+            _half_then_fail(text, fh)
+        return 0
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(OSError, match="no space"):
+        report.write_json(result, old["v.json"])
+    with pytest.raises(OSError, match="no space"):
+        report.write_markdown(result, old["v.md"], None)
+    with pytest.raises(OSError, match="no space"):
+        write_mutants_json([], old["mutants.json"], True, "cpu-fp32")
+    assert _digests(tmp_path) == before and _files(tmp_path) == set(before)  # whole, and no temporary file left

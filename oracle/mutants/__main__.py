@@ -3,8 +3,8 @@ print the kill table (also installed as ``hfparity-mutants``).
 
 Each pytest run checks the chosen target (``$HFPARITY_TARGET``) with the chosen plugins (``$HFPARITY_PLUGINS``):
 both travel to the child processes through the environment. Exits 0 only if the baseline passes and every mutant
-is killed, 2 on bad usage (an output dir that cannot be written included, checked before any run) or a target that
-cannot run here.
+is killed, 2 on bad usage (checked before any run: an output dir that cannot be written, an output that is or lies
+inside an input, a mutants.json this tool did not write without --force) or a target that cannot run here.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
-from ..cli import UsageError, check_dir, check_writable, int_in, positive_seconds
+from ..cli import UsageError, carries, check_dir, check_not_input, check_output, int_in, positive_seconds, read_inputs
 from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
 from . import MUTANTS, mutants_for
-from .runner import BASELINE, REPO_ROOT, RunResult, job_of, run_table, write_json
+from .runner import BASELINE, REPO_ROOT, REPORT_MARK, RunResult, job_of, run_table, write_json
 
 _STYLE = {"killed": "green", "passed": "green", "survived": "bold red", "failed": "bold red"}
 
@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="where mutants.json and logs go")
     parser.add_argument("--target", help=f"what the runs check (default ${TARGET_ENV} or cpu-fp32)")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import MODULE in every run")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a mutants.json this tool did not write (never an input)"
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
     report = args.out / ("mutants-fast.json" if args.fast else "mutants.json")
@@ -72,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         load_plugins(args.plugin)
         target = from_env(args.target).require()
         if not args.list:  # --list writes nothing
+            inputs = read_inputs(args.plugin, args.target)
+            check_not_input("--out", args.out / "mutants", inputs)
             check_dir("--out", args.out / "mutants")
-            check_writable("--out", report)
+            check_output("--out", report, inputs, carries(REPORT_MARK), args.force)
     except (TargetError, PluginError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

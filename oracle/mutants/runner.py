@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..atomic import replacing
 from ..coverage import FLOORS_ENV
 from . import MUTANTS
 from .plugin import MUTANT_ENV, REPORT_ENV
@@ -166,8 +167,11 @@ def run_table(
     return results
 
 
+REPORT_MARK = b'"all_ok"'  # a key only mutants.json has: a file holding it is this tool's, a rerun may replace it
+
+
 def write_json(results: Sequence[RunResult], path: Path, fast: bool, target: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{**asdict(r), "ok": r.ok, "bug": MUTANTS[r.mutant].bug if r.mutant in MUTANTS else ""} for r in results]
     record = {"fast": fast, "target": target, "all_ok": all(r.ok for r in results), "runs": rows}
-    path.write_text(json.dumps(record, indent=1))
+    with replacing(path) as tmp, tmp.open("w") as fh:
+        json.dump(record, fh, indent=1)

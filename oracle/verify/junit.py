@@ -8,6 +8,8 @@ import platform
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ..atomic import replacing
+from ..verify_cli import JUNIT_NAME
 from .report import fmt
 from .result import VerifyResult, count_statuses
 
@@ -35,7 +37,7 @@ def write_junit(result: VerifyResult, path: Path) -> None:
     counts = result.counts()
     root = ET.Element(
         "testsuites",
-        name="hfparity-verify",
+        name=JUNIT_NAME,
         tests=str(len(result.checks)),
         failures=str(counts["fail"]),
         errors=str(counts["error"]),
@@ -68,5 +70,5 @@ def write_junit(result: VerifyResult, path: Path) -> None:
                 ET.SubElement(case, tag, message=first).text = "\n".join(filter(None, [value, c.detail]))
             elif value:
                 ET.SubElement(case, "system-out").text = f"{value}\n{c.detail}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    with replacing(path) as tmp:
+        ET.ElementTree(root).write(tmp, encoding="utf-8", xml_declaration=True)

@@ -13,7 +13,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from ..atomic import replacing
 from ..tolerance import YARDSTICK_RATIO
+from ..verify_cli import MARKDOWN_HEADING, PNG_SOFTWARE
 from .kernels import SECTION as KERNELS
 from .kernels import ran_line
 from .result import Check, Figure, Status, VerifyResult, count_statuses
@@ -169,8 +171,9 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
 
 
 def write_json(result: VerifyResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(result), indent=1, allow_nan=False))
+    data = to_json(result)
+    with replacing(path) as tmp, tmp.open("w") as fh:
+        json.dump(data, fh, indent=1, allow_nan=False)
 
 
 def plot(figure: Figure, path: Path) -> None:
@@ -192,8 +195,8 @@ def plot(figure: Figure, path: Path) -> None:
     ax.set_title(figure.title, fontsize=10)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png", metadata={"Software": PNG_SOFTWARE})
     plt.close(fig)
 
 
@@ -226,7 +229,7 @@ def _provenance_markdown(result: VerifyResult) -> list[str]:
 
 def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
     env = result.environment
-    out = [f"# Verification report: `{result.model}`", ""]
+    out = [f"{MARKDOWN_HEADING}`{result.model}`", ""]
     out.append(
         f"**{verdict(result)}**: {tally(result.checks)} ({result.plan} plan, target `{result.target.name}`, engine "
         f"dtype {result.dtype}, seed {result.seed}, {result.seconds:.0f} s)."
@@ -262,5 +265,5 @@ def write_markdown(result: VerifyResult, path: Path, png: Path | None) -> None:
         "",
         *_provenance_markdown(result),
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
+    with replacing(path) as tmp:
+        tmp.write_text("\n".join(out))

@@ -1,7 +1,8 @@
 """The zoo's command line: ``python -m oracle.zoo smollm2 [--quiet] [--cache-dir DIR]`` builds SmolLM2-135M-Instruct
 into the cache and ``python -m oracle.zoo tiny ARCH DIR`` creates a tiny random model under DIR; each prints the
-model's directory last on stdout (progress goes to stderr). Bad usage exits 2 (a directory that cannot be made
-included, checked before the build) and a failed build exits 1 with the step and a hint.
+model's directory last on stdout (progress goes to stderr). Bad usage exits 2 (a directory that cannot be made, or a
+DIR/tiny-ARCH oracle.zoo did not write, included, checked before the build) and a failed build exits 1 with the step
+and a hint.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from ..cli import UsageError, check_dir
 from . import __doc__ as package_doc
-from .cache import CACHE_ENV, ModelBuildError
+from .cache import CACHE_ENV, MARKER, ModelBuildError, is_complete
 from .smollm2 import SMOLLM2_NAME, smollm2_dir
 from .tiny import TINY_ARCHS, tiny_model_dir
 
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         # An existing dir may already hold the model, which needs no write; a missing one must be creatable.
         if where is not None and not where.is_dir():
             check_dir(option, where)
+        model = args.dir / f"tiny-{args.arch}" if args.command == "tiny" else None
+        if model is not None and model.exists() and not is_complete(model):  # the zoo never replaces what it lacks
+            raise UsageError(f"DIR: refusing to write {model}: it exists and oracle.zoo did not write it (no {MARKER})")
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
