@@ -89,6 +89,11 @@ VERIFY_CASES = [
     pytest.param(_args("--target", "nowhere.toml"), ("nowhere.toml",), id="--target file missing"),
     pytest.param(_with(lambda t: ["--target", _toml(t, "preset = [")]), ("target.toml",), id="--target bad TOML"),
     pytest.param(
+        _with(lambda t: ["--target", _toml(t, "head_dim = 16.9")]),
+        ("target.toml", "head_dim=16.9"),
+        id="--target TOML float head_dim",
+    ),
+    pytest.param(
         _args("--plugin", "no_such_plugin_module"),
         ("'no_such_plugin_module'", "ModuleNotFoundError", "on sys.path", "PYTHONPATH", f"directory: {os.getcwd()}"),
         id="unknown --plugin",
