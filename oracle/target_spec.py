@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,14 +135,23 @@ def _from_toml(path: Path) -> TargetSpec:
     return build(preset, fields, _name("name", fields.pop("name", path.stem)))
 
 
+@contextmanager
+def naming_file(text: str) -> Iterator[None]:
+    """A TargetError raised within, prefixed with the TOML file `text` names (the short form's: unchanged)."""
+    try:
+        yield
+    except TargetError as exc:
+        if not text.strip().endswith(".toml"):
+            raise
+        raise TargetError(f"target file {text.strip()}: {exc}") from None
+
+
 def parse_spec(text: str) -> TargetSpec:
     """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
     text = text.strip()
     if text.endswith(".toml"):
-        try:
+        with naming_file(text):
             return _from_toml(Path(text))
-        except TargetError as exc:
-            raise TargetError(f"target file {text}: {exc}") from None
     head, *rest = [part.strip() for part in text.split(",")] if text else [DEFAULT]
     preset, pairs = (DEFAULT, [head, *rest]) if "=" in head else (head, rest)
     overrides: dict[str, object] = {}
