@@ -20,8 +20,6 @@ try:
     load_plugins(sys.argv[1:])
 except PluginError:
     pass
-sys.stdout.flush()
-sys.stderr.flush()
 os._exit({PROBE_OK})
 """
 
@@ -34,7 +32,7 @@ def probe_plugins(options: Sequence[str]) -> None:
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, *options], env=env, capture_output=True, text=True)
     if proc.returncode != PROBE_OK:
-        names = ", ".join(plugin_names(options)) or "the entry points'"
+        names = ", ".join(plugin_names(options)) or f"the {ENTRY_POINT_GROUP} entry points"
         raise PluginError(
             f"importing the plugins ({names}) ended the process with exit status {proc.returncode} before they "
             "finished loading (os._exit or a crash in a plugin)"
