@@ -163,6 +163,7 @@ class _Launch:
     partial: list[bool]  # per request: a prefill chunk that yields no token
     out: ForwardOutput
     saved: list[_Saved]
+    granted: list[RequestState]  # the pages it mapped, one entry per page (_unmap takes them back)
 
 
 @dataclass
@@ -430,7 +431,7 @@ class StaticDriver:
                 )
             partial = [s.req.is_partial_prefill for s in seqs]
             batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
-            return _Launch(seqs, partial, self.engine.forward_batch(batch, args), saved)
+            return _Launch(seqs, partial, self.engine.forward_batch(batch, args), saved, granted)
         except BaseException:
             self._unmap(granted)
             _restore(saved)
@@ -455,6 +456,7 @@ class StaticDriver:
         try:
             tokens = launch.out.result().tolist()
         except BaseException:
+            self._unmap(launch.granted)
             _restore(launch.saved)
             raise
         marks = self._marks(launch.seqs)
@@ -463,6 +465,7 @@ class StaticDriver:
         except BaseException:  # an interrupt halfway: the whole step is taken back, the engine's part included
             self._rollback(marks)
             launch.out.undo()
+            self._unmap(launch.granted)
             _restore(launch.saved)
             raise
 

@@ -19,8 +19,12 @@ PLUGINS_ENV = "HFPARITY_PLUGINS"
 ENTRY_POINT_GROUP = "hfparity.plugins"
 
 
+# A plugin's sys.exit() or KeyboardInterrupt on import must not end the run as a pass or a bare traceback.
+IMPORT_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
 class PluginError(ImportError):
-    """A plugin module that does not import; the message names it and the cause."""
+    """A plugin module that does not import, or whose factory raised; the message names it and the cause."""
 
 
 def plugin_names(options: Iterable[str] = ()) -> list[str]:
@@ -47,7 +51,7 @@ def check_findable(options: Iterable[str] = ()) -> None:
     for name in plugin_names(options):
         try:
             found = importlib.util.find_spec(name)
-        except (Exception, SystemExit) as exc:  # a parent package that is missing or raises on import
+        except IMPORT_FAILURES as exc:  # a parent package that is missing or raises on import
             raise import_error(name, exc) from exc
         if found is None:
             raise import_error(name, ModuleNotFoundError(f"No module named {name!r}", name=name))
@@ -67,18 +71,23 @@ def plugin_sources(options: Iterable[str] = ()) -> list[tuple[str, Path]]:
 
 
 def load_plugins(options: Iterable[str] = ()) -> list[str]:
-    """Import every plugin (named ones, then entry points); returns the names loaded. Importing twice is a no-op."""
+    """Import every plugin (named ones, then entry points); returns the names loaded. Importing twice is a no-op.
+    What each registers has its factory guarded (oracle.plugin_guard): its exceptions name the plugin."""
+    from .plugin_guard import blaming  # imports the engine: check_findable stays torch-free
+
     loaded = []
     for name in plugin_names(options):
         try:
-            importlib.import_module(name)
-        except (Exception, SystemExit) as exc:  # a sys.exit() on import must not end the run as a pass
+            with blaming(name):
+                importlib.import_module(name)
+        except IMPORT_FAILURES as exc:
             raise import_error(name, exc) from exc
         loaded.append(name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            ep.load()
-        except (Exception, SystemExit) as exc:
+            with blaming(ep.name):
+                ep.load()
+        except IMPORT_FAILURES as exc:
             raise PluginError(f"plugin entry point {ep.name!r} ({ep.value}): {type(exc).__name__}: {exc}") from exc
         loaded.append(ep.value)
     return loaded

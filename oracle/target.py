@@ -23,7 +23,7 @@ from engine.config import DTYPES
 from engine.registry import Registry
 from engine.sample import BaseSampler
 
-from .target_spec import DEFAULT, TARGET_ENV, TargetError, TargetSpec, parse_spec, target_text
+from .target_spec import DEFAULT, TARGET_ENV, TargetError, TargetSpec, naming_file, parse_spec, target_text
 from .target_spec import PRESETS as SPECS
 from .tolerance import LOGIT_TOLERANCES, LogitTolerance, logit_tolerance
 
@@ -115,7 +115,9 @@ PRESETS: dict[str, Target] = {name: Target.of(spec) for name, spec in SPECS.item
 
 def parse(text: str) -> Target:
     """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
-    return Target.of(parse_spec(text))
+    spec = parse_spec(text)
+    with naming_file(text):  # the dtype's check, which needs torch, names the file like parse_spec's
+        return Target.of(spec)
 
 
 def from_env(option: str | None = None) -> Target:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,19 @@ PRESETS: dict[str, TargetSpec] = {
 _BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
+def _int(value: object) -> int | None:
+    """An int from an int or a decimal string, else None: a float, a bool or other text is refused, never truncated."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
 def _field(key: str, value: object) -> object:
-    """A field value from a string (the short form) or a TOML value, checked (a dtype's name: by oracle.target)."""
+    """A field value from a string (the short form) or a TOML value, through the same checks (a dtype's name: by
+    oracle.target)."""
     if key == "graphs":
         if isinstance(value, bool):
             return value
@@ -70,20 +82,15 @@ def _field(key: str, value: object) -> object:
             return _BOOLS[value.lower()]
         raise TargetError(f"graphs={value!r}: use on or off")
     if key == "page_sizes":
-        items: Any = value.replace(":", "/").split("/") if isinstance(value, str) else value
-        try:
-            sizes = tuple(int(v) for v in items)
-        except (TypeError, ValueError):
-            raise TargetError(f"page_sizes={value!r}: use sizes separated by '/', e.g. 1/4/16") from None
-        if not sizes or min(sizes) < 1:
-            raise TargetError(f"page_sizes={value!r}: use one or more sizes >= 1")
-        return sizes
+        use = "use sizes >= 1 separated by '/', e.g. 1/4/16 (in TOML, a list of ints)"
+        items = value.replace(":", "/").split("/") if isinstance(value, str) else value
+        sizes = [_int(v) for v in items] if isinstance(items, list) else []
+        if not sizes or any(size is None or size < 1 for size in sizes):
+            raise TargetError(f"page_sizes={value!r}: {use}")
+        return tuple(sizes)
     if key == "head_dim":
-        try:
-            dim = int(value)  # type: ignore[call-overload]
-        except (TypeError, ValueError):
-            raise TargetError(f"head_dim={value!r}: use an even int >= 2") from None
-        if dim < 2 or dim % 2:
+        dim = _int(value)
+        if dim is None or dim < 2 or dim % 2:
             raise TargetError(f"head_dim={value!r}: use an even int >= 2")
         return dim
     if not isinstance(value, str) or not value:
@@ -106,18 +113,46 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
     return dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
 
 
+def _name(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise TargetError(f"{key}={value!r}: use a name (a TOML string)")
+    return value
+
+
+def _from_toml(path: Path) -> TargetSpec:
+    """A target from a TOML file: its keys at the top level or in a [target] table."""
+    try:
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise TargetError(f"not UTF-8 text: {exc}") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TargetError(str(exc)) from None
+    table = data.get("target", data)
+    if not isinstance(table, dict):
+        raise TargetError(f"target={table!r}: use a [target] table, or the keys at the top level")
+    fields = dict(table)
+    preset = _name("preset", fields.pop("preset", DEFAULT))
+    return build(preset, fields, _name("name", fields.pop("name", path.stem)))
+
+
+@contextmanager
+def naming_file(text: str) -> Iterator[None]:
+    """A TargetError raised within, prefixed with the TOML file `text` names (the short form's: unchanged)."""
+    try:
+        yield
+    except TargetError as exc:
+        if not text.strip().endswith(".toml"):
+            raise
+        raise TargetError(f"target file {text.strip()}: {exc}") from None
+
+
 def parse_spec(text: str) -> TargetSpec:
     """A target from a preset name with ``,key=value`` overrides, or from a ``.toml`` file (see the module doc)."""
     text = text.strip()
     path = target_file(text)
     if path is not None:
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise TargetError(f"target file {text}: {exc}") from None
-        data = data.get("target", data)  # either top-level keys or a [target] table
-        preset, name = str(data.pop("preset", DEFAULT)), str(data.pop("name", path.stem))
-        return build(preset, data, name)
+        with naming_file(text):
+            return _from_toml(path)
     head, *rest = [part.strip() for part in text.split(",")] if text else [DEFAULT]
     preset, pairs = (DEFAULT, [head, *rest]) if "=" in head else (head, rest)
     overrides: dict[str, object] = {}

@@ -16,11 +16,12 @@ from .target_spec import PRESETS, TARGET_ENV, TargetError, parse_spec, target_te
 
 EXIT_STATUS = (
     "exit status: 0 every check passed; 1 a check failed; 2 bad usage or configuration (arguments, a target that "
-    "cannot run here, a plugin that does not import, a bad model dir, an output that cannot be written, that "
-    "collides with another, that is or lies inside an input, or that replaces a file verify did not write and "
-    "--force is not given; checked before the run, nothing written); 3 the model loaded but the engine raised or "
-    "produced non-finite logits during the run (e.g. weights holding NaN): the reports are still written, with the "
-    "error recorded as a check of status 'error' and the other sections run."
+    "cannot run here, a plugin that does not import or ends the process as it does, or whose factory raises as the "
+    "first engine is built, a bad model dir, an output that cannot be written, that collides with another, that is "
+    "or lies inside an input, or that replaces a file verify did not write and --force is not given; checked before "
+    "the run, nothing written); 3 the model loaded but the engine raised or produced non-finite logits during the "
+    "run (e.g. weights holding NaN): the reports are still written, with the error recorded as a check of status "
+    "'error' and the other sections run."
 )
 QUICK_HELP = (
     "a shorter run: fewer prompts, fewer new tokens per prompt, fewer sampling grid points and fewer kernel examples "

@@ -23,6 +23,7 @@ import safetensors.torch
 import torch
 
 from benchmarks import baseline
+from engine import ATTENTION_BACKENDS
 from engine.engine import Engine
 from oracle.__main__ import main as oracle_main
 from oracle.__main__ import verify_main
@@ -69,6 +70,14 @@ def _exiting_plugin(tmp: Path) -> str:
     return "plugin_that_exits"
 
 
+def _plugin(tmp: Path, name: str, source: str) -> str:
+    (tmp / f"{name}.py").write_text(source)
+    return name
+
+
+_TAKES_TORCH = "from engine import SAMPLERS\nSAMPLERS.register('torch', object)\n"  # a name the engine holds
+
+
 def _toml(tmp: Path, text: str) -> str:
     path = tmp / "target.toml"
     path.write_text(text)
@@ -94,6 +103,11 @@ VERIFY_CASES = [
     pytest.param(_args("--target", "cpu-fp32,dtype=fp8"), ("dtype='fp8'",), id="--target bad dtype"),
     pytest.param(_args("--target", "nowhere.toml"), ("nowhere.toml",), id="--target file missing"),
     pytest.param(_with(lambda t: ["--target", _toml(t, "preset = [")]), ("target.toml",), id="--target bad TOML"),
+    pytest.param(
+        _with(lambda t: ["--target", _toml(t, "head_dim = 16.9")]),
+        ("target.toml", "head_dim=16.9"),
+        id="--target TOML float head_dim",
+    ),
     pytest.param(
         _args("--plugin", "no_such_plugin_module"),
         ("'no_such_plugin_module'", "ModuleNotFoundError", "on sys.path", "PYTHONPATH", f"directory: {os.getcwd()}"),
@@ -123,6 +137,11 @@ VERIFY_CASES = [
         _with(lambda t: ["--plugin", _exiting_plugin(t)]),
         ("'plugin_that_exits'", "SystemExit"),
         id="--plugin exits on import",
+    ),
+    pytest.param(
+        _with(lambda t: ["--plugin", _plugin(t, "plugin_takes_torch", _TAKES_TORCH)]),
+        ("'plugin_takes_torch'", "ConfigError", "sampler_backend='torch' is already registered"),
+        id="--plugin registration raises",
     ),
     pytest.param(_args("--seed", "0x1f"), ("--seed", "'0x1f'"), id="--seed not an int"),
     pytest.param(_args("--seed", "-1"), ("--seed", "'-1'"), id="--seed negative"),
@@ -310,6 +329,23 @@ def test_a_bad_mutants_invocation_is_one_error_line_and_exit_2_before_any_run(
     assert _files(tmp_path) == before
 
 
+def test_a_plugin_factory_that_raises_as_the_engine_builds_it_is_exit_2(
+    qwen3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = "from engine import ATTENTION_BACKENDS\n\ndef broken(*args):\n    raise RuntimeError('no kernel')\n\n"
+    name = _plugin(tmp_path, "plugin_broken_factory", source + "ATTENTION_BACKENDS.register('test-broken', broken)\n")
+    argv = ["verify", "--model", str(qwen3), "--quick", "--out", str(tmp_path / "o"), "--plugin", name]
+    try:
+        code = oracle_main([*argv, "--target", "cpu-fp32,attention=test-broken"])
+    finally:
+        ATTENTION_BACKENDS.unregister("test-broken")
+        sys.modules.pop(name, None)
+    err = capsys.readouterr().err
+    assert_usage_error(code, err, "PluginError", f"plugin {name!r}", "attention_backend='test-broken'", "no kernel")
+    assert not (tmp_path / "o").exists()
+
+
 def _cli(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, "-m", module, *argv]
@@ -331,6 +367,37 @@ def test_end_to_end_bad_mutants_and_zoo_arguments_are_exit_2(tmp_path: Path) -> 
     proc = _cli("oracle.zoo", "tiny", "qwen3", str(_blocker(tmp_path) / "m"), cwd=tmp_path)
     assert_usage_error(proc.returncode, proc.stderr, "DIR", "a-file")
     assert _files(tmp_path) == {tmp_path / "a-file"}
+
+
+@pytest.mark.parametrize(
+    ("command", "source", "names"),
+    [
+        (("oracle", "verify"), "raise KeyboardInterrupt\n", ("'plugin_ends'", "KeyboardInterrupt")),
+        (("oracle", "verify"), "import os\nos._exit(0)\n", ("plugin_ends", "ended the process with exit status 0")),
+        (("oracle.mutants", "--list"), "import os\nos._exit(0)\n", ("plugin_ends", "exit status 0")),
+    ],
+    ids=["verify, KeyboardInterrupt", "verify, os._exit(0)", "mutants, os._exit(0)"],
+)
+def test_end_to_end_a_plugin_that_ends_the_process_on_import_is_exit_2(
+    command: tuple[str, ...], source: str, names: tuple[str, ...], qwen3: Path, tmp_path: Path
+) -> None:
+    # In a child: without the fix an os._exit(0) would end this test session as a pass.
+    model = ["--model", str(qwen3), "--quick"] if "verify" in command else []
+    name = _plugin(tmp_path, "plugin_ends", source)
+    proc = _cli(*command, *model, "--out", str(tmp_path / "o"), "--plugin", name, cwd=tmp_path)
+    assert_usage_error(proc.returncode, proc.stderr, *names)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_pytest_plugin_reports_a_plugin_interrupt_as_a_usage_error(tmp_path: Path) -> None:
+    _plugin(tmp_path, "plugin_interrupts", "raise KeyboardInterrupt\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "--plugin", "plugin_interrupts"]
+    proc = subprocess.run(
+        [*cmd, "tests/test_bad_cli.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "plugin 'plugin_interrupts' could not be imported: KeyboardInterrupt" in proc.stderr, proc.stderr
 
 
 def _nan_model(tiny: Path, tmp: Path) -> Path:

@@ -4,6 +4,7 @@ anything that cannot run here is refused with the reason."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,39 @@ def test_bad_targets_say_which_key(text: str, message: str) -> None:
     with pytest.raises(TargetError) as info:
         parse(text)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"head_dim = 16.9\n", "head_dim=16.9"),  # not truncated to 16, as the short form refuses head_dim=16.9
+        (b"head_dim = true\n", "head_dim=True"),
+        (b"page_sizes = [1.5, true]\n", "page_sizes=[1.5, True]"),
+        (b"page_sizes = []\n", "page_sizes=[]"),
+        (b"page_sizes = 4\n", "page_sizes=4"),
+        (b"graphs = 1\n", "graphs=1"),
+        (b"attention = 3\n", "attention=3"),
+        (b'dtype = "fp8"\n', "dtype='fp8'"),  # checked in oracle.target, which needs torch
+        (b'target = "cpu-fp32"\n', "target='cpu-fp32'"),
+        (b"[target]\npreset = {a = 1}\n", "preset={'a': 1}"),
+        (b"preset = 3\n", "preset=3"),
+        (b"name = [1]\n", "name=[1]"),
+        (b"colour = 'red'\n", "unknown target key(s) colour"),
+        (b'attention = "caf\xe9"\n', "not UTF-8"),
+    ],
+)
+def test_bad_toml_targets_name_the_file_and_key(content: bytes, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_bytes(content)
+    with pytest.raises(TargetError) as info:
+        parse(str(path))
+    assert str(info.value).startswith(f"target file {path}: ") and message in str(info.value), str(info.value)
+
+
+def test_toml_and_short_form_values_agree(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[target]\npreset = "cpu-bf16"\npage_sizes = "1/4"\nhead_dim = 32\ngraphs = "off"\n')
+    assert parse(str(path)) == replace(parse("cpu-bf16,page_sizes=1/4,head_dim=32,graphs=off"), name="t")
 
 
 def test_a_target_that_cannot_run_here_says_why() -> None:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from .. import __version__
 from ..cli import UsageError, carries, check_dir, check_not_input, check_output, int_in, positive_seconds, read_inputs
+from ..plugin_probe import probe_plugins
 from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
 from . import MUTANTS, mutants_for
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = args.out / ("mutants-fast.json" if args.fast else "mutants.json")
     try:
+        probe_plugins(args.plugin)
         load_plugins(args.plugin)
         target = from_env(args.target).require()
         if not args.list:  # --list writes nothing

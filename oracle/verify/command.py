@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine import ConfigError, EngineError, ModelLoadError
 
+from ..plugin_probe import probe_plugins
 from ..plugins import PluginError, load_plugins
 from ..target import TargetError, from_env
 from ..target_spec import target_text
@@ -33,6 +34,7 @@ _HINTS: list[tuple[type[BaseException], str]] = [
     (ConfigError, "the model's config asks for something this engine cannot serve here"),
     (OSError, "check that the model dir exists and is readable, and that the output dir is writable"),
     (EngineError, "see the message above"),
+    (PluginError, "fix the plugin, or leave it out (--plugin, $HFPARITY_PLUGINS, its hfparity.plugins entry point)"),
 ]
 
 
@@ -58,6 +60,7 @@ def feedback(err: Console, title: str, total: int) -> Iterator[tuple[Callable[[s
 
 def _run(args: argparse.Namespace, outputs: Outputs, out: Console, err: Console) -> int:
     try:
+        probe_plugins(args.plugin)
         plugins = load_plugins(args.plugin)
         target = from_env(args.target).require()
     except (PluginError, TargetError) as exc:
@@ -92,7 +95,7 @@ def execute(args: argparse.Namespace, outputs: Outputs) -> int:
     """Run verify for parsed, checked arguments; the exit status (see oracle.verify_cli.EXIT_STATUS)."""
     try:
         return _run(args, outputs, Console(), Console(stderr=True))
-    except (EngineError, OSError) as exc:
+    except (EngineError, OSError, PluginError) as exc:  # PluginError: a plugin's factory raised as the engine built it
         if args.debug:
             raise
         message = " ".join(str(exc).split()) or type(exc).__name__
