@@ -58,6 +58,7 @@ _BF16_NORMS = "tests/test_verify.py::test_rmsnorm_in_bf16_is_bitwise_hf"
 _EXACT = "properties/test_sampling_exact.py"
 _GPU_SAMPLING = "properties/test_gpu_sampler_distribution.py"
 _FUZZ = "properties/test_fuzz_invalid.py"
+_INTERRUPTS = "properties/test_interrupts.py"
 _BAD_INPUT = "tests/test_bad_input.py"
 _BAD_DRIVER = "tests/test_bad_driver.py"
 _OVERLAP = "tests/test_overlap.py"
@@ -230,6 +231,17 @@ MUTANTS: dict[str, Mutant] = {
             c.seed_position_lost,
             (_SEEDED,),
             (f"{_SEEDED}::test_seeded_draws_along_positions_are_independent",),
+        ),
+        Mutant(
+            "pages_mapped_before_table_write",
+            "a request's new pages are taken and appended before the page table is written, so an interrupt between "
+            "the two leaves it holding pages its row does not map, and every later step of it fails",
+            "Bcfg2/bcfg2#222 (a KeyboardInterrupt mid-operation left the server stuck), ooni/probe-legacy#26 (a "
+            "scheduler that is not exception-safe keeps what it took)",
+            c.pages_mapped_before_table_write,
+            (_INTERRUPTS,),
+            (_INTERRUPTS,),
+            fast_profile="ci",
         ),
         Mutant(
             "pages_leak_on_abort",

@@ -454,6 +454,22 @@ def last_token_gather_off_by_one() -> contextlib.AbstractContextManager[None]:
     return _swap(TorchAttnBackend, "prepare_metadata", _prepare_metadata_gather_past_end)
 
 
+def _map_pages_committing_first(self: StaticDriver, seqs: list[RequestState], upto: list[int]) -> list[RequestState]:
+    grants = self._page_grants(seqs, upto)
+    writes = []
+    for seq in grants:  # bug: each page is taken and appended before the page table is written
+        page = self.allocator.take()
+        writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, page))
+        seq.pages.append(page)
+    if writes:
+        self._write_pages(writes)
+    return grants
+
+
+def pages_mapped_before_table_write() -> contextlib.AbstractContextManager[None]:
+    return _swap(StaticDriver, "_map_pages", _map_pages_committing_first)
+
+
 def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
     return _swap(StaticDriver, "_finish", _finish_keeps_abort_reservation)
 
