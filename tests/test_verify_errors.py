@@ -5,8 +5,11 @@ prefill's step, position, argmaxes and worst logit, and bf16 norms' module, scal
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -133,3 +136,14 @@ def test_a_bf16_norm_failure_names_module_scale_and_element(qwen3: Path) -> None
     result = VerifyResult("m", "quick", PRESETS["cpu-fp32"], "bfloat16", 0, 1e-3, Environment("c", {}, "cpu"))
     result.checks = [check]
     assert failure_details(result) == [f"FAILED bf16 norms / {check.name}:\n{check.detail}"]
+
+
+def test_a_corrupt_tokenizer_is_a_model_load_error_exit_2(qwen3: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(qwen3, model)
+    (model / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["verify", "--model", str(model), "--quick", "--out", str(tmp_path / "out")])
+    assert code == 2, err.getvalue()
+    assert "ModelLoadError" in err.getvalue() and "tokenizer" in err.getvalue(), err.getvalue()

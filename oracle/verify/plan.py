@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from engine import SamplingParams
+from engine import ModelLoadError, SamplingParams
 
 PROMPTS = (
     "The capital of France is",
@@ -109,7 +109,13 @@ def load_tokenizer(model: Path) -> Any | None:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model)
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except Exception as exc:  # transformers raises KeyError, ValueError, OSError... for a corrupt file
+        raise ModelLoadError(
+            f"{model}: its tokenizer (tokenizer.json / tokenizer_config.json) does not load: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from exc
 
 
 def make_prompts(tokenizer: Any | None, count: int, vocab: int, seed: int) -> tuple[list[list[int]], list[str]]:
