@@ -383,6 +383,8 @@ def _split_with_a_copy(d: Path) -> None:
 
 INDEX_CASES: list[Case] = [
     ("index not JSON", _index_text("{oops"), (INDEX, "not valid JSON")),
+    ("index not UTF-8", _sharded(lambda d, _: (d / INDEX).write_bytes(b'{"weight_map": "\xff"}')),
+     (INDEX, "not UTF-8")),
     ("index a list", _index_text("[1]"), (INDEX, "'weight_map'")),
     ("index without weight_map", _index_text('{"metadata": {}}'), (INDEX, "'weight_map'")),
     ("weight_map a list", _sharded(lambda d, m: _write_index(d, sorted(m))), (INDEX, "'weight_map'")),
