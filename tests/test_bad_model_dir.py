@@ -235,7 +235,6 @@ CONFIG_CASES: list[Case] = [
     ("top-level rope_theta of 400 digits", _transformers4(10**400), ("config.json: rope_theta=1000",)),
     _bad_value("vocab_size", 2**62),
     _bad_value("hidden_size", 2**31),
-    _bad_value("num_hidden_layers", 10**30),
     # more parameters than the weight files can hold: refused by arithmetic, before any layer is built
     ("a vocabulary the checkpoint cannot hold", _edit_config(vocab_size=2**30),
      ("config.json", "vocab_size=1073741824", "bytes of model.safetensors")),
@@ -478,6 +477,7 @@ UNBOUNDED_CASES: list[Case] = [
     ("model.safetensors a device", _device_link, ("'model.safetensors'", "not a regular file")),
     ("a million layers", _edit_config(num_hidden_layers=1_000_000),
      ("config.json", "num_hidden_layers=1000000", "bytes of model.safetensors")),
+    ("10**30 layers", _edit_config(num_hidden_layers=10**30), (f"config.json: num_hidden_layers={10**30} is invalid",)),
 ]
 
 
