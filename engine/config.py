@@ -13,6 +13,7 @@ from .core import checked_bool, checked_int, checked_real
 from .distributed.info import TPInfo
 from .errors import ConfigError
 from .models.config import ModelConfig
+from .models.size import check_checkpoint_size
 
 DTYPES = {
     "float32": torch.float32,
@@ -94,7 +95,10 @@ class EngineConfig:
 
     @cached_property
     def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dir(self.model_path)
+        model_config = ModelConfig.from_dir(self.model_path)
+        if not self.use_dummy_weight:  # dummy weights need no checkpoint
+            check_checkpoint_size(model_config, self.model_path)
+        return model_config
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):

@@ -59,6 +59,11 @@ def checked_real(
     raise error(f"{name}={value!r} is invalid: {hint}")
 
 
+def checked_seed(error: type[EngineError], name: str, value: object) -> int:
+    """A random seed: an int in [0, 2**63), the range every generator takes whole."""
+    return checked_int(error, name, value, lambda v: 0 <= v < 2**63, "use an int in [0, 2**63) or None")
+
+
 def checked_bool(error: type[EngineError], name: str, value: object) -> bool:
     """Only True or False: a string such as "false" would be truthy."""
     if isinstance(value, bool):
@@ -104,8 +109,7 @@ class SamplingParams:
         normalize("max_tokens", checked_int(err, "max_tokens", self.max_tokens, lambda v: v >= 1, "use an int >= 1"))
         normalize("ignore_eos", checked_bool(err, "ignore_eos", self.ignore_eos))
         if self.seed is not None:
-            normalize("seed", checked_int(err, "seed", self.seed, lambda v: 0 <= v < 2**63,
-                                          "use an int in [0, 2**63) or None"))
+            normalize("seed", checked_seed(err, "seed", self.seed))
 
     @property
     def is_greedy(self) -> bool:

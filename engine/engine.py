@@ -24,7 +24,7 @@ import torch
 
 from .attention import ATTENTION_BACKENDS, create_backend
 from .config import EngineConfig
-from .core import Batch, Context, Phase, Req, SamplingParams
+from .core import Batch, Context, Phase, Req, SamplingParams, checked_seed
 from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import shard_config
@@ -147,6 +147,8 @@ class _StepRecord:
 
 class Engine:
     def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
+        if sampler_seed is not None:  # checked like a request's seed, before anything is built
+            sampler_seed = checked_seed(ConfigError, "sampler_seed", sampler_seed)
         self.config = config
         self._closed = False
         self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter

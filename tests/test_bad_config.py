@@ -124,6 +124,16 @@ def test_config_refused_by_the_engine(
     assert torch.get_num_threads() == threads
 
 
+SEED_CASES: list[object] = [2**70, 2**63, -1, "7", 7.0, True]
+
+
+@pytest.mark.parametrize("seed", SEED_CASES, ids=[repr(s) for s in SEED_CASES])
+def test_bad_sampler_seed(contract: Contract, qwen3: Path, seed: object) -> None:
+    """Checked like a request's seed: an int in [0, 2**63)."""
+    build = lambda: Engine(small(qwen3), sampler_seed=seed)  # type: ignore[arg-type]  # noqa: E731
+    contract.rejects(ConfigError, build, f"sampler_seed={seed!r}")
+
+
 # ---- TPInfo --------------------------------------------------------------------------------------------------
 TP_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("size 0", {"size": 0}, ("size=0",)),

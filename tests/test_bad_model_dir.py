@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,6 +229,17 @@ CONFIG_CASES: list[Case] = [
     _bad_value("eos_token_id", 2**64),
     ("config.json not UTF-8", lambda d: (d / "config.json").write_bytes(b'{"vocab_size": "\xff"}'),
      ("config.json", "not UTF-8")),
+    # past float range (float() overflows) or torch's int64 sizes
+    ("rms_norm_eps of 400 digits", *_bad_value("rms_norm_eps", 10**400)[1:]),
+    ("rope_theta of 400 digits", *_bad_rope("rope_theta", 10**400)[1:]),
+    ("top-level rope_theta of 400 digits", _transformers4(10**400), ("config.json: rope_theta=1000",)),
+    _bad_value("vocab_size", 2**62),
+    _bad_value("hidden_size", 2**31),
+    # more parameters than the weight files can hold: refused by arithmetic, before any layer is built
+    ("a vocabulary the checkpoint cannot hold", _edit_config(vocab_size=2**30),
+     ("config.json", "vocab_size=1073741824", "bytes of model.safetensors")),
+    ("layers the checkpoint cannot hold", _edit_config(num_hidden_layers=64),
+     ("config.json", "num_hidden_layers=64", "bytes of model.safetensors")),
 ]
 
 
@@ -355,6 +368,12 @@ def _extra_tensor_in_shard(d: Path, weight_map: dict[str, str]) -> None:
     _write_index(d, {**weight_map, "model.extra.weight": SHARDS[1]})
 
 
+def _move_shard_out(d: Path, weight_map: dict[str, str], name: str) -> None:
+    """SHARDS[1], valid, moved next to the model directory, and the index mapping its tensors to `name`."""
+    (d / SHARDS[1]).rename(d.parent / SHARDS[1])
+    _write_index(d, {t: name if f == SHARDS[1] else f for t, f in weight_map.items()})
+
+
 def _split_with_a_copy(d: Path) -> None:
     """The split without an index, and the final norm in both files."""
     _split(d)
@@ -363,15 +382,18 @@ def _split_with_a_copy(d: Path) -> None:
 
 INDEX_CASES: list[Case] = [
     ("index not JSON", _index_text("{oops"), (INDEX, "not valid JSON")),
+    ("index not UTF-8", _sharded(lambda d, _: (d / INDEX).write_bytes(b'{"weight_map": "\xff"}')),
+     (INDEX, "not UTF-8")),
     ("index a list", _index_text("[1]"), (INDEX, "'weight_map'")),
     ("index without weight_map", _index_text('{"metadata": {}}'), (INDEX, "'weight_map'")),
     ("weight_map a list", _sharded(lambda d, m: _write_index(d, sorted(m))), (INDEX, "'weight_map'")),
     ("weight_map value not a string", _sharded(lambda d, m: _write_index(d, {**m, NORM: 3})), (INDEX, NORM, "3")),
     ("index a directory", _sharded(_index_is_a_directory), (INDEX,)),
     ("empty weight_map", _sharded(lambda d, _: _write_index(d, {})), (INDEX, "non-empty 'weight_map'")),
-    ("shard file missing", _sharded(lambda d, _: (d / SHARDS[1]).unlink()), (INDEX, SHARDS[1], "not a file")),
+    ("shard file missing", _sharded(lambda d, _: (d / SHARDS[1]).unlink()),
+     (INDEX, SHARDS[1], "not a regular file")),
     ("index names a misspelt file", _remap(NORM, "model-00003-of-00002.safetensors"),
-     (INDEX, "model-00003-of-00002.safetensors", "not a file")),
+     (INDEX, "model-00003-of-00002.safetensors", "not a regular file")),
     ("tensor missing from its shard", _in_shard(SHARDS[0], lambda t: t.pop(NORM)), (INDEX, NORM, SHARDS[0])),
     ("merged shard missing from its file", _in_shard(SHARDS[1], lambda t: t.pop(K0)), (INDEX, K0, SHARDS[1])),
     ("tensor in the first shard, mapped to the second", _remap(NORM, SHARDS[1]), (NORM, SHARDS[0], SHARDS[1])),
@@ -385,6 +407,10 @@ INDEX_CASES: list[Case] = [
      (K0, "(16, 64)", "(32, 64)")),
     ("truncated shard", _sharded(lambda d, _: (d / SHARDS[1]).write_bytes((d / SHARDS[1]).read_bytes()[:100])),
      (SHARDS[1], "not a readable safetensors")),
+    ("index names a file above the directory", _sharded(lambda d, m: _move_shard_out(d, m, f"../{SHARDS[1]}")),
+     (INDEX, f"'../{SHARDS[1]}'", "outside the model directory")),
+    ("index names an absolute path", _sharded(lambda d, m: _move_shard_out(d, m, str(d.parent / SHARDS[1]))),
+     (INDEX, str(SHARDS[1]), "outside the model directory")),
 ]
 DUPLICATE_CASES: list[Case] = [
     ("tensor also in a second file", _copy_tensor_into("extra.safetensors", K0),
@@ -425,6 +451,59 @@ def test_broken_model_dir(
     assert_rejected(good, broken, *needles)
 
 
+def _fifo(name: str, shard: bool = False) -> Breakage:
+    """`name` a named pipe: opened for reading, it blocks until a writer comes."""
+
+    def apply(d: Path) -> None:
+        if shard:
+            _shard(d)
+        (d / name).unlink()
+        os.mkfifo(d / name)
+
+    return apply
+
+
+def _device_link(d: Path) -> None:
+    """model.safetensors a link to a character device that never ends."""
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to("/dev/zero")
+
+
+# Each would block the load forever, or stall it for minutes; refused by stat or arithmetic before any open or build.
+UNBOUNDED_CASES: list[Case] = [
+    ("model.safetensors a FIFO", _fifo("model.safetensors"), ("'model.safetensors'", "not a regular file")),
+    ("shard a FIFO", _fifo(SHARDS[1], shard=True), (SHARDS[1], "not a regular file", INDEX)),
+    ("index a FIFO", _fifo(INDEX, shard=True), (INDEX, "not a regular file")),
+    ("model.safetensors a device", _device_link, ("'model.safetensors'", "not a regular file")),
+    ("a million layers", _edit_config(num_hidden_layers=1_000_000),
+     ("config.json", "num_hidden_layers=1000000", "bytes of model.safetensors")),
+    ("10**30 layers", _edit_config(num_hidden_layers=10**30), (f"config.json: num_hidden_layers={10**30} is invalid",)),
+]
+
+
+@pytest.mark.parametrize("name,breakage,needles", UNBOUNDED_CASES, ids=[c[0] for c in UNBOUNDED_CASES])
+def test_refused_in_bounded_time(
+    good: Engine, qwen3: Path, tmp_path: Path, name: str, breakage: Breakage, needles: tuple[str, ...]
+) -> None:
+    broken = _copy(qwen3, tmp_path)
+    breakage(broken)
+    failure: list[BaseException] = []
+
+    def reject() -> None:
+        try:
+            assert_rejected(good, broken, *needles)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            failure.append(e)
+
+    # A daemon thread: a regression that blocks fails the test instead of hanging the run.
+    worker = threading.Thread(target=reject, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the load did not return within 60 s"
+    if failure:
+        raise failure[0]
+
+
 def test_model_path_not_a_directory(good: Engine, tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     assert_rejected(good, missing, str(missing), "not a directory")
@@ -458,6 +537,18 @@ def assert_loads_like(good: Engine, model: Path) -> None:
 def test_sharded_checkpoint_loads_like_the_single_file(good: Engine, qwen3: Path, tmp_path: Path) -> None:
     model = _copy(qwen3, tmp_path)
     _shard(model)
+    assert_loads_like(good, model)
+
+
+def test_shards_linked_into_a_blobs_dir_load(good: Engine, qwen3: Path, tmp_path: Path) -> None:
+    """HF's cache layout: the directory holds links to files elsewhere; links the directory holds are its files."""
+    model = _copy(qwen3, tmp_path)
+    _shard(model)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for file in (*SHARDS, INDEX):
+        (model / file).rename(blobs / file)
+        (model / file).symlink_to(Path("..") / "blobs" / file)
     assert_loads_like(good, model)
 
 

@@ -24,6 +24,8 @@ from ..distributed.info import TPInfo
 from ..errors import ModelLoadError
 
 GENERATION_CONFIG = "generation_config.json"
+# Upper bound of every count: past any real model, and a product of a few stays inside torch's int64 sizes.
+MAX_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,13 @@ class ModelConfig:
             raise ModelLoadError(
                 f"{str(path)!r} has no config.json; an HF model dir needs config.json and *.safetensors"
             )
-        model_cfg = cls.from_dict(_read_json(cfg_file))
+        model_cfg = cls.from_dict(read_json(cfg_file))
         eos = generation_eos(path / GENERATION_CONFIG, model_cfg.vocab_size)
         return model_cfg if eos is None else replace(model_cfg, eos_token_ids=eos)
 
 
-def _read_json(file: Path) -> Any:
+def read_json(file: Path) -> Any:
+    """The JSON in file; ModelLoadError naming it when it is not UTF-8 JSON or cannot be read."""
     try:
         return json.loads(file.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -154,7 +157,7 @@ def generation_eos(file: Path, vocab_size: int) -> tuple[int, ...] | None:
         return None
     if not file.is_file():
         raise ModelLoadError(f"{file} is not a regular file; remove it or write the generation config there")
-    gen = _read_json(file)
+    gen = read_json(file)
     if not isinstance(gen, dict):
         raise ModelLoadError(f"{file} must hold a JSON object, got a {type(gen).__name__}")
     return _parse_eos(gen, vocab_size, GENERATION_CONFIG)
@@ -181,16 +184,24 @@ def _invalid(key: str, value: Any, rule: str, file: str = "config.json") -> Mode
 def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1, section: str = "") -> int:
     value = _value(cfg, key, default, section)
     # Not int(value): that would truncate 2.5, parse "64" and read true as 1.
-    if not is_int(value) or value < minimum:
-        raise _invalid(section + key, value, f"use an integer >= {minimum}")
+    if not is_int(value) or not minimum <= value <= MAX_COUNT:
+        raise _invalid(section + key, value, f"use an integer in [{minimum}, {MAX_COUNT}]")
     return value
 
 
 def _positive_float(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, section: str = "") -> float:
     value = _value(cfg, key, default, section)
-    if not is_real(value) or not math.isfinite(value) or value <= 0:
+    number = _to_float(value) if is_real(value) else math.nan
+    if not math.isfinite(number) or number <= 0:
         raise _invalid(section + key, value, "use a finite number > 0")
-    return float(value)
+    return number
+
+
+def _to_float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float range, e.g. 400 digits
+        return math.inf
 
 
 def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:

@@ -8,9 +8,9 @@ merged one) with the same shape, and every parameter must be filled; otherwise M
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from ..layers.linear import Linear, MergedLinear
 from ..moe.layer import EXPERT_PROJECTIONS, FusedMoE
+from .config import read_json
 
 # HF projection name → (our merged module, shard name).
 _MERGED = {
@@ -66,9 +67,12 @@ def _shards(model: nn.Module, param_name: str) -> set[str | None]:
 
 def checkpoint_files(model_path: str | Path) -> tuple[list[str], dict[str, str] | None]:
     """The safetensors files to load, as names inside model_path, and the index's tensor → file map (None
-    without an index). With an index, only the files it names load (HF ignores a stray consolidated.safetensors)."""
+    without an index). With an index, only the files it names load (HF ignores a stray consolidated.safetensors).
+    Each is a regular file, checked by stat before anything opens it: a FIFO or a device would block the load."""
     root = Path(model_path)
-    index = _read_index(root / INDEX) if (root / INDEX).exists() else None
+    # A dangling link is a broken index, not an absent one.
+    has_index = (root / INDEX).exists() or (root / INDEX).is_symlink()
+    index = _read_index(root) if has_index else None
     if index is None:
         files = sorted(p.name for p in root.glob("*.safetensors"))
         if not files:
@@ -76,27 +80,42 @@ def checkpoint_files(model_path: str | Path) -> tuple[list[str], dict[str, str] 
                 f"no *.safetensors files in {str(model_path)!r}; convert the checkpoint with "
                 "save_pretrained(..., safe_serialization=True)"
             )
-        return files, None
-    files = sorted(set(index.values()))
+    else:
+        files = sorted(set(index.values()))
     for file in files:
-        if not (root / file).is_file():
-            raise ModelLoadError(f"{INDEX} names {file!r}, which is not a file in {str(model_path)!r}")
+        _check_regular(root, file, f" ({INDEX} names it)" if index is not None else "")
     return files, index
 
 
-def _read_index(path: Path) -> dict[str, str]:
+def _check_regular(root: Path, file: str, why: str = "") -> None:
+    """root / file is a regular file, or a link to one (HF's cache links each file into its blobs)."""
     try:
-        index = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{INDEX} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise ModelLoadError(f"cannot read {path}: {e}") from None
+        regular = stat.S_ISREG((root / file).stat().st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        raise ModelLoadError(f"{file!r} in {str(root)!r} is not a regular file{why}; put the file itself there")
+
+
+def _inside(file: str) -> bool:
+    """A name the index may give: relative and without '..', so that it stays in the model directory."""
+    path = PurePosixPath(file)
+    return not path.is_absolute() and ".." not in path.parts
+
+
+def _read_index(root: Path) -> dict[str, str]:
+    _check_regular(root, INDEX)
+    index = read_json(root / INDEX)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelLoadError(f"{INDEX} needs a non-empty 'weight_map' object mapping tensor names to files")
     for name, file in weight_map.items():
         if not isinstance(file, str):
             raise ModelLoadError(f"{INDEX} maps tensor {name!r} to {file!r}; use a file name")
+        if not _inside(file):
+            raise ModelLoadError(
+                f"{INDEX} maps tensor {name!r} to {file!r}, outside the model directory; name a file in it"
+            )
     return weight_map
 
 
