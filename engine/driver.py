@@ -579,10 +579,15 @@ class StaticDriver:
     def _run_admitting(self, pending: deque[_Admission], uids: list[int], first_uid: int) -> list[Generation]:
         """Step until `pending` is admitted and everything has finished; on an exception, drop this call's
         requests (`uids`, numbered from first_uid) before it propagates."""
+        # Alone on the driver, the call can put the free pages and rows back in their order too, as if never run.
+        alone = not self.running
+        free = (deque(self.allocator.free), self.allocator.reserved, deque(self.free_rows)) if alone else None
         try:
             self._drive(pending, uids)
         except BaseException:
             self._drop(uids, first_uid)
+            if free is not None:
+                self.allocator.free, self.allocator.reserved, self.free_rows = free
             raise
         return [self.result(u) for u in uids]
 

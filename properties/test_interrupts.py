@@ -1,12 +1,13 @@
 """Property: an interrupt anywhere in a driver call leaves the driver and the engine as they were, and both still work.
 
-A workload of driver calls (add a request, step, abort one) runs twice on a drawn tiny model and page size: once
-plainly, and once with a KeyboardInterrupt injected at the k-th time the driver touches the engine (any attribute:
-a method call, the page table, the device; k drawn), which reaches every point between the driver's own
-bookkeeping and the engine's work, e.g. between giving a request a page and writing it into the page table. The
-interrupted call must leave everything a later call reads as it was before it (the driver's requests, rows, pages
-and reservations, the page table, the rows' last tokens and the engine's live rows; KV past a request's cached
-length is scratch and may differ), and the call, made again, and every later one must give exactly the plain
+A workload of driver calls (add a request, step, abort one; or one generate() of every request, which drops its
+requests on an error) runs twice on a drawn tiny model and page size: once plainly, and once with a
+KeyboardInterrupt injected at the k-th time the driver touches the engine (any attribute: a method call, the page
+table, the device; k drawn), which reaches every point between the driver's own bookkeeping and the engine's work,
+e.g. between giving a request a page and writing it into the page table. The interrupted call must leave
+everything a later call reads as it was before it (the driver's requests, rows, pages and reservations, the running
+requests' page-table rows and last tokens, and the engine's live rows; KV past a request's cached length, and a free
+row's entries, are scratch and may differ), and the call, made again, and every later one must give exactly the plain
 run's tokens and logits.
 
 Bug class: bookkeeping committed before the work it describes (a page appended to a request before its page-table
@@ -55,9 +56,11 @@ class Interrupting:
 
 def visible_state(driver: StaticDriver, engine: Engine) -> tuple[Any, ...]:
     """engine_state where later calls read it: no KV pool (slots past a request's cached length are scratch a pass
-    may write), and of the page table only each running request's mapped part."""
-    _, table, *rest = engine_state(engine, driver)
-    mapped = {u: table[s.req.table_idx, : len(s.pages) * driver.page_size].tolist() for u, s in driver.running.items()}
+    may write), and of the page table and the rows' last tokens only the running requests' (a free row's are
+    written again before anything reads them)."""
+    _, table, last, *rest = engine_state(engine, driver)
+    rows = {u: (s.req.table_idx, len(s.pages) * driver.page_size) for u, s in driver.running.items()}
+    mapped = {u: (table[row, :width].tolist(), int(last[row])) for u, (row, width) in rows.items()}
     return (mapped, *rest)
 
 
@@ -73,6 +76,8 @@ def make_call(driver: StaticDriver, specs: list[Any], kind: str, arg: int) -> Ca
         return lambda: driver.add(list(specs[arg].prompt), specs[arg].params)
     if kind == "abort":
         return lambda: driver.abort(arg) if arg in driver.running else None
+    if kind == "generate":
+        return lambda: driver.generate([list(s.prompt) for s in specs], [s.params for s in specs])
     return driver.step
 
 
@@ -104,10 +109,12 @@ def test_an_interrupt_anywhere_leaves_driver_and_engine_as_they_were(
     greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 6))
     specs = data.draw(st.lists(requests(TINY_VOCAB, 3 * page_size + 2, params=greedy), min_size=1, max_size=3),
                       label="requests")
-    calls: list[Call] = [("add", i) for i in range(len(specs))]
-    steps = data.draw(st.lists(st.sampled_from(["step", "abort"]), min_size=1, max_size=6), label="calls")
-    calls += [(kind, data.draw(st.integers(0, len(specs) - 1), label="abort uid") if kind == "abort" else 0)
-              for kind in steps]
+    calls: list[Call] = [("generate", 0)]  # the whole workload in one call: it drops its requests on an error
+    if not data.draw(st.booleans(), label="one generate call"):
+        calls = [("add", i) for i in range(len(specs))]
+        steps = data.draw(st.lists(st.sampled_from(["step", "abort"]), min_size=1, max_size=6), label="calls")
+        calls += [(kind, data.draw(st.integers(0, len(specs) - 1), label="abort uid") if kind == "abort" else 0)
+                  for kind in steps]
     counter = StaticDriver(engine, record_logits=True)
     counting = Interrupting(engine, 0)  # never interrupts: counts the touches of the plain run
     counter.engine = counting  # type: ignore[assignment]
