@@ -75,9 +75,8 @@ class Device:
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host to device without waiting for the device. CUDA stages a pageable source before the call returns, so
-    the host tensor may be freed at once; pinning it first cost ~100 µs a call on the H200 host (is_pinned and
-    the pinned copy), more than the small transfer itself."""
+    """Host to device without waiting for the device; CUDA stages a pageable source, so the host tensor may be freed
+    at once (pinning it first costs more than the small copy)."""
     return host.to(device, non_blocking=True)
 
 

@@ -1,14 +1,7 @@
-"""Linear layers, tensor-parallel in the Megatron layout, each owning its shard of the weights.
-
-A Linear is replicated. A ColumnParallelLinear holds 1/size of the output features (q/k/v, gate/up: merged into one
-weight filled projection by projection), a RowParallelLinear 1/size of the input features (o_proj, down_proj); the
-row-parallel output is a partial sum, which it all-reduces across the ranks through the forward context's comm. At
-load time each layer cuts its rank's slice out of a full checkpoint tensor (load_slice).
-
-The product runs on the forward context's layer kernels (ctx.kernels.linear). With the torch kernels on CUDA a
-Linear that narrows (input wider than output: o_proj, down_proj) keeps its weight column-major, as a transposed view
-of a contiguous [in, out] tensor (narrowing_weights_column_major); the math is the same, and cuBLAS's batch-1 GEMV
-for the Qwen3-0.6B o_proj takes 5.0 µs that way against 11.7 µs row-major, with bitwise equal results (RESULTS.md).
+"""Linear layers, tensor-parallel in the Megatron layout: a Linear is replicated, a ColumnParallelLinear holds its
+rank's output features (q/k/v and gate/up merged), a RowParallelLinear its input features and all-reduces the partial
+sum; each cuts its slice from the checkpoint tensor (load_slice). Products run on ctx.kernels.linear; on CUDA a
+narrowing weight is kept column-major, where cuBLAS's batch-1 GEMV is faster with the same result (RESULTS.md).
 """
 
 from __future__ import annotations
