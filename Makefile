@@ -42,7 +42,7 @@ demo: venv model
 	$(BIN)/python -m oracle verify --model "$$($(BIN)/python -m oracle.zoo smollm2 --quiet)"
 
 lint: venv
-	$(BIN)/ruff check engine oracle properties tests benchmarks examples
+	$(BIN)/ruff check engine oracle properties tests benchmarks examples tools
 	$(BIN)/mypy
 
 # The fast inner loop: the op-level properties alone (docs/ops.md), e.g. `make kernels TARGET=... PLUGIN=...`.

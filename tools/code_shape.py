@@ -57,7 +57,7 @@ def imports(path: Path, here: str, known: set[str]) -> dict[str, str]:
             if isinstance(node, ast.Import):  # `import a.b.c` runs a, a.b and a.b.c: keep the deepest known
                 while target and target not in known:
                     target = target.rpartition(".")[0]
-            if target in known and target != here and rank[how] < rank[found.get(target, "type")] + (target not in found):
+            if target in known and target != here and rank[how] < rank.get(found.get(target, ""), 3):
                 found[target] = how
         visit(node, how)
 
@@ -106,10 +106,10 @@ def density(path: Path) -> tuple[int, int]:
     doc_lines: set[int] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-                if isinstance(body[0].value.value, str):
-                    doc_lines.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+            first = node.body[0] if node.body else None
+            value = first.value if isinstance(first, ast.Expr) else None
+            if first is not None and isinstance(value, ast.Constant) and isinstance(value.value, str):
+                doc_lines.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     comment_lines: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
