@@ -1,5 +1,5 @@
 """Renders a :class:`VerifyResult`: summary lines, the console tables (one row per section, or per check), a finished
-section's log line, JSON (see README), markdown with the rerun line and provenance, and the PNG plot of the sampled
+section's log line, JSON (docs/verify.md), markdown with the rerun line and provenance, and the PNG plot of the sampled
 row; JUnit XML is :mod:`.junit`'s."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _finite(x: float | None) -> float | None:
 
 
 def to_json(result: VerifyResult) -> dict[str, Any]:
-    """The report as plain data (schema_version 1; README describes the fields)."""
+    """The report as plain data (schema_version 1; docs/verify.md describes the fields)."""
     checks = [
         {
             "name": c.name,
