@@ -70,8 +70,7 @@ class StaticDriver:
                 f"(uids {sorted(previous.running)[:8]}); finish or abort them, or close() it, first"
             )
         self.engine = engine
-        self.layout = layout or PageLayout()
-        self.pages = Pages(engine, self.layout.order())
+        self.pages = Pages(engine, (layout or PageLayout()).order())
         self.requests = Requests(engine, self.pages, eos, record_logits)
         self.loop = Loop(engine, self.pages, self.requests, max_prefill_tokens)
         self.claim = DriverClaim(self.requests.running)
