@@ -90,7 +90,7 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
         driver.step()
     waited_s = (time.perf_counter() - start) / steps
     targets = [
-        (driver, "_map_pages", "driver: page-table writes"),
+        (driver.pages, "map", "driver: page-table writes"),
         (engine_module, "validate_batch", "prepare: request checks"),
         (engine_module, "pack_inputs", "prepare: packed inputs (host)"),
         (engine_module, "unpack_inputs", "prepare: inputs + slot checks (device, eager passes)"),

@@ -156,8 +156,8 @@ class Engine:
         # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: no other request may
         # write over them until the row is released (release_rows).
         self.live_rows: dict[int, tuple[int, int]] = {}
-        # The StaticDriver (a weak reference) that owns the rows and pages; see engine/driver.py and driver().
-        self.owner: Any = None
+        # What the driver of the rows and pages left here (see claim()), held weakly: it lapses with its driver.
+        self._claim: weakref.ref[object] | None = None
         # The init order, one step each; every name and memory check runs before the first allocation.
         self._init_tp()
         choices = self._init_device()
@@ -306,9 +306,14 @@ class Engine:
     def model_config(self) -> ModelConfig:
         return self.config.model_config
 
-    def driver(self) -> Any:
-        """The StaticDriver that owns this engine's rows and pages, or None."""
-        return self.owner() if self.owner is not None else None
+    def claim(self, token: object | None) -> None:
+        """Mark the engine as driven (its rows and pages taken) by whoever holds `token`; None marks it free."""
+        self._claim = weakref.ref(token) if token is not None else None
+
+    @property
+    def claimed_by(self) -> object | None:
+        """The token of claim(), while its holder keeps it; the engine does not know what drives it."""
+        return self._claim() if self._claim is not None else None
 
     def check_open(self) -> None:
         if self._closed:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from engine import Engine, ForwardOutput, Req, SamplingParams
 from engine.core import Phase
-from engine.driver import Generation, StaticDriver
+from engine.driver import DriverClaim, Generation, StaticDriver
 from oracle.coverage import exercised
 from oracle.strategies import LayoutSpec, RequestSpec, long_requests
 from oracle.target import Target
@@ -119,9 +119,11 @@ class EnginePool:
                 sampler_seed=0,  # runs reseed it from drawn data; never a random seed, even where one forgets
             )
         engine = self._engines[key]
-        owner = engine.driver()
-        if owner is not None:  # a run that failed left its driver holding requests: a new run starts clean
-            owner.close()
+        # A run that failed left its driver holding requests: a new run starts clean.
+        claim = engine.claimed_by
+        if isinstance(claim, DriverClaim):
+            claim.retired = "the engine pool gave its engine to a new run"
+        engine.claim(None)
         engine.release_rows(range(max_running_req))  # and whatever KV hand-built requests left is dead
         return engine
 

@@ -41,12 +41,12 @@ def engine_state(engine: Engine, driver: StaticDriver | None = None) -> tuple[An
     state: tuple[Any, ...] = (kv.buffer[:, :, : kv.dummy_page].clone(), engine.page_table.clone(),
                               engine.last_tokens.clone())
     if driver is not None:
-        alloc = driver.allocator
+        alloc = driver.pages.allocator
         lengths = {
             u: (s.req.cached_len, s.req.device_len, len(s.req.token_ids), tuple(s.pages), tuple(s.chunks))
             for u, s in driver.running.items()
         }
-        state += ((list(driver.free_rows), list(alloc.free), alloc.reserved, driver._next_uid, lengths,
+        state += ((list(driver.requests.free_rows), list(alloc.free), alloc.reserved, driver.requests.next_uid, lengths,
                    sorted(driver.finished)),)
     return (*state, dict(engine.live_rows))
 
@@ -81,11 +81,11 @@ def witness(engine: Engine, driver: StaticDriver | None = None) -> Witness:
     prompts = [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 1) % vocab for i in range(3)]]
     params = [SamplingParams(max_tokens=3, ignore_eos=True),
               SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=3, ignore_eos=True, seed=1234)]
-    saved, driver.record_logits = driver.record_logits, True
+    saved, driver.requests.record_logits = driver.requests.record_logits, True
     try:
         gens = driver.generate(prompts, params)
     finally:
-        driver.record_logits = saved
+        driver.requests.record_logits = saved
     return Witness(tuple(tuple(g.output_ids) for g in gens), tuple(row for g in gens for row in g.logits))
 
 

@@ -294,7 +294,7 @@ def _rejects(driver: StaticDriver, error: type[EngineError], call: Callable[[], 
 def _free_slots(driver: StaticDriver) -> list[int]:
     """The KV slots of the pages the driver's allocator has free (reserved ones too: they are not mapped yet)."""
     ps = driver.page_size
-    return [page * ps + offset for page in driver.allocator.free for offset in range(ps)]
+    return [page * ps + offset for page in driver.pages.allocator.free for offset in range(ps)]
 
 
 def _page_slots(pages: list[int], page_size: int, n: int) -> list[int]:
@@ -310,7 +310,7 @@ def _bad_batch(driver: StaticDriver, kind: str, rnd: Any, found: set[str]) -> No
     params: Any = SamplingParams()
     phase: Any = "prefill"
     cached = 0
-    free = list(driver.free_rows)
+    free = list(driver.requests.free_rows)
     decoding = [s for s in driver.running.values() if s.output_ids]
     if kind in ("bad slot", "new token over live KV"):
         runs = bool(free) if kind == "bad slot" else bool(free and decoding)
@@ -364,7 +364,7 @@ def _alias_outside_the_batch(driver: StaticDriver, rnd: Any, found: set[str]) ->
     """A hand-built request in a free row, its slots fresh but one: that one holds cached KV of a live request that
     is not in the batch. The engine knows the row is live (engine.live_rows) and must refuse, naming it."""
     engine = driver.engine
-    free = list(driver.free_rows)
+    free = list(driver.requests.free_rows)
     live = [s.req for s in driver.running.values() if s.req.cached_len > 0]
     for req in live:  # the engine's view of the driver's requests: what the guard relies on
         assert engine.live_rows.get(req.table_idx) == (req.cached_len, req.uid), (
@@ -380,9 +380,9 @@ def _alias_outside_the_batch(driver: StaticDriver, rnd: Any, found: set[str]) ->
     victim = int(engine.page_table[target.table_idx, rnd.randrange(target.cached_len)])
     row, ps = rnd.choice(free), driver.page_size
     # Whole pages, as the engine requires: one block of the row is the victim's page, the rest are free pages.
-    n = rnd.randint(1, min(6, (len(driver.allocator.free) + 1) * ps))
+    n = rnd.randint(1, min(6, (len(driver.pages.allocator.free) + 1) * ps))
     blocks = -(-n // ps)
-    pages = rnd.sample(list(driver.allocator.free), blocks - 1)
+    pages = rnd.sample(list(driver.pages.allocator.free), blocks - 1)
     pages.insert(rnd.randrange(blocks), victim // ps)
     slots = _page_slots(pages, ps, n)
     if victim not in slots:  # the victim's offset lies past the row's end: end the row there
@@ -408,7 +408,7 @@ def _hand_batch(driver: StaticDriver, rnd: Any, hand_runs: list[HandRun], found:
     prepare_batch/forward_batch, beside the driver's live requests; then its row is released and restored. It may
     write its own slots only; its tokens are checked against HF at the end of the example."""
     engine = driver.engine
-    free, free_pages, ps = list(driver.free_rows), list(driver.allocator.free), driver.page_size
+    free, free_pages, ps = list(driver.requests.free_rows), list(driver.pages.allocator.free), driver.page_size
     steps = rnd.randint(0, 2)
     runs = bool(free) and len(free_pages) * ps >= steps + 1
     found |= {HAND} if runs and engine.live_rows else set()
@@ -462,8 +462,7 @@ def _second_driver(driver: StaticDriver, fallback: tuple[str, dict[str, Any]], f
     _rejects(driver, EngineBusyError, lambda: StaticDriver(driver.engine), "another StaticDriver",
              f"{len(running)} running request", f"uids {running[:8]}")
     found.add(SECOND)
-    owner = driver.engine.owner
-    assert owner is not None and owner() is driver, "a refused StaticDriver took the engine over"
+    assert driver.engine.claimed_by is driver.claim, "a refused StaticDriver took the engine over"
 
 
 def _bad_driver_args(driver: StaticDriver, args: tuple[str, dict[str, Any]]) -> None:
@@ -484,7 +483,7 @@ def _bad_generate(driver: StaticDriver, op: Op, found: set[str]) -> None:
     _, prompt_list, params, error, needles, later = op
     if later:  # an eager admission of the good prompts before the bad one would have had a row and their pages
         first = len(prompt_list[0]) + 2
-        room = bool(driver.free_rows) and driver.allocator.available >= _pages(driver, first)
+        room = bool(driver.requests.free_rows) and driver.pages.allocator.available >= _pages(driver, first)
         found |= {ROOM} if room else set()
     event(f"bad generate: {'later' if later else 'at once'}")
     _rejects(driver, error, lambda: driver.generate(prompt_list, params), *needles)

@@ -153,17 +153,17 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(spec=request_params())
     def join(self, spec: RequestSpec) -> None:
-        driver = self.driver
+        driver, allocator = self.driver, self.driver.pages.allocator
         pages = -(-(len(spec.prompt) + spec.params.max_tokens) // driver.page_size)
-        fits = bool(driver.free_rows) and driver.allocator.available >= pages
+        fits = bool(driver.requests.free_rows) and allocator.available >= pages
         try:
             driver.add(spec.prompt, spec.params, spec.chunk_sizes)
         except CapacityError:
-            assert not fits, f"refused a request needing {pages} pages with {driver.allocator.available} available"
+            assert not fits, f"refused a request needing {pages} pages with {allocator.available} available"
             self.tally["joins refused"] += 1
             return
         self.tally["joins admitted"] += 1
-        assert fits, f"admitted a request needing {pages} pages with only {driver.allocator.available} available"
+        assert fits, f"admitted a request needing {pages} pages with only {allocator.available} available"
 
     def _forward_pass(self) -> None:
         self.driver.step()
@@ -172,7 +172,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.driver.running))
     @rule(budget=st.none() | st.integers(1, 32), repeat=st.integers(1, 4))
     def step(self, budget: int | None, repeat: int) -> None:
-        self.driver.max_prefill_tokens = budget
+        self.driver.loop.max_prefill_tokens = budget
         for _ in range(repeat):  # several passes per rule, so runs reach decode and finish often
             if self.driver.running:
                 self._forward_pass()
@@ -200,12 +200,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def pages_are_exclusive(self) -> None:
         if not hasattr(self, "driver"):
             return
-        driver, engine = self.driver, self.engine
+        driver, engine, free = self.driver, self.engine, self.driver.pages.allocator.free
         held = [p for seq in driver.running.values() for p in seq.pages]
         assert len(held) == len(set(held)), f"a page is shared by two live requests: {sorted(held)}"
-        assert not set(held) & set(driver.allocator.free), "a live request's page is on the free list"
-        assert len(held) + len(driver.allocator.free) == engine.num_pages, (
-            f"pages lost or duplicated: {len(held)} held + {len(driver.allocator.free)} free != {engine.num_pages}"
+        assert not set(held) & set(free), "a live request's page is on the free list"
+        assert len(held) + len(free) == engine.num_pages, (
+            f"pages lost or duplicated: {len(held)} held + {len(free)} free != {engine.num_pages}"
         )
         assert engine.num_pages not in held, "the dummy page was handed to a request"
         ps, width = driver.page_size, engine.page_table.shape[1]
@@ -219,7 +219,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def pages_rows_and_reservations_are_conserved(self) -> None:
         if not hasattr(self, "driver"):
             return
-        driver, allocator = self.driver, self.driver.allocator
+        driver, allocator = self.driver, self.driver.pages.allocator
         live = list(driver.running.values())
         for seq in live:
             prompt_len = seq.req.num_tokens - len(seq.output_ids)
@@ -234,7 +234,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         assert allocator.available + unmapped + held == allocator.total, "available + reserved + held != total"
         rows = [seq.req.table_idx for seq in live]
-        free_rows = list(driver.free_rows)
+        free_rows = list(driver.requests.free_rows)
         assert sorted(rows + free_rows) == list(range(ROWS)), f"rows lost: live {rows}, free {free_rows}"
         if not live:
             assert allocator.available == allocator.total and allocator.reserved == 0, "idle, yet pages are missing"
@@ -243,7 +243,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def requests_finish_for_their_reason(self) -> None:
         if not hasattr(self, "driver"):
             return
-        eos = self.driver.eos_token_ids
+        eos = self.driver.requests.eos_token_ids
         for uid, seq in self.driver.running.items():
             assert expected_finish(seq, eos) is None, f"request {uid} should have finished: {seq.output_ids}"
         for uid, seq in self.driver.finished.items():
@@ -287,7 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "driver"):
             return
-        self.driver.max_prefill_tokens = None
+        self.driver.loop.max_prefill_tokens = None
         while self.driver.running:  # what still runs finishes: then every page, reservation and row must be back
             self._forward_pass()
         self.pages_are_exclusive()

@@ -221,14 +221,14 @@ def test_generate_finishes_a_non_finite_request_with_an_error_and_serves_the_oth
     driver = StaticDriver(engine)
     prompts = [_prompt(1, 4), _prompt(2, 6), _prompt(3, 5)]
     params = [GREEDY, SamplingParams(temperature=0.9, max_tokens=4, ignore_eos=True, seed=3), GREEDY]
-    _poison(engine, monkeypatch, {driver._next_uid + 1})
+    _poison(engine, monkeypatch, {driver.requests.next_uid + 1})
     gens = driver.generate(prompts, params)
     assert [g.finish_reason for g in gens] == ["length", "error", "length"]
     assert gens[1].output_ids == [] and gens[1].error is not None and "request(s) [1]" in gens[1].error
     ref = oracle(qwen3, torch.float32)
     assert gens[0].output_ids == ref.greedy(prompts[0], 4) and gens[2].output_ids == ref.greedy(prompts[2], 4)
     monkeypatch.undo()
-    assert not driver.running and len(driver.free_rows) == ROWS
+    assert not driver.running and len(driver.requests.free_rows) == ROWS
     contract.still_generates(driver)  # nothing is stuck: the next generate runs as on a fresh engine
     engine.shutdown()
 
@@ -317,7 +317,7 @@ def _blocked_in(
     """The next forward pass (inside an engine call) or page-table write (the driver's own work, between engine
     calls) waits until `release` is set; `entered` is set when it starts waiting."""
     entered, release = threading.Event(), threading.Event()
-    owner, name = (driver.engine.model, "forward") if where == "forward" else (driver, "_write_pages")
+    owner, name = (driver.engine.model, "forward") if where == "forward" else (driver.pages, "write")
     original = getattr(owner, name)
 
     def blocking(*args: Any) -> Any:

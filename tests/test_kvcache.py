@@ -72,10 +72,11 @@ def test_dummy_request_writes_only_the_dummy_page(tiny_models: dict[str, Path]) 
 
 
 def _everything_back(driver: StaticDriver) -> None:
-    allocator = driver.allocator
+    allocator = driver.pages.allocator
     assert allocator.reserved == 0, f"{allocator.reserved} pages still reserved with nothing running"
     assert sorted(allocator.free) == list(range(allocator.total)), "pages missing from the free list"
-    assert sorted(driver.free_rows) == list(range(driver.engine.config.max_running_req)), "page-table rows missing"
+    rows = list(range(driver.engine.config.max_running_req))
+    assert sorted(driver.requests.free_rows) == rows, "page-table rows missing"
 
 
 def test_every_finish_path_gives_back_its_pages_reservation_and_row(tiny_models: dict[str, Path]) -> None:

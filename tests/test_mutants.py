@@ -23,7 +23,9 @@ import engine.models.config as model_config_module
 from engine import sample, validate
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.triton_backend import TritonAttnBackend
-from engine.driver import StaticDriver
+from engine.driver import Pages, StaticDriver
+from engine.driver.loop import Loop
+from engine.driver.requests import Requests
 from engine.engine import Engine, ForwardOutput
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
@@ -45,6 +47,9 @@ PATCHED: tuple[type | ModuleType, ...] = (
     torch_backend.TorchAttnBackend,
     torch_backend,
     StaticDriver,
+    Pages,
+    Requests,
+    Loop,
     sample,
     GraphRunner,
     TritonAttnBackend,

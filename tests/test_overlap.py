@@ -68,8 +68,9 @@ def test_a_request_ending_on_eos_rides_one_pass_more_and_returns_everything(qwen
     first = plain[0].output_ids
     assert got[0].output_ids == first[: first.index(eos) + 1] and got[0].finish_reason == "eos"
     assert got[1].output_ids == plain[1].output_ids
-    assert sorted(driver.allocator.free) == list(range(driver.allocator.total)) and driver.allocator.reserved == 0
-    assert sorted(driver.free_rows) == list(range(4)) and engine.live_rows == {}
+    allocator = driver.pages.allocator
+    assert sorted(allocator.free) == list(range(allocator.total)) and allocator.reserved == 0
+    assert sorted(driver.requests.free_rows) == list(range(4)) and engine.live_rows == {}
 
 
 @pytest.mark.parametrize("poisoned_pass", [1, 3])
@@ -100,7 +101,7 @@ def test_a_failed_pass_undoes_the_one_started_after_it(
     got = driver.generate([*prompts, bad_prompt], [*PARAMS, PARAMS[0]])
     assert got[3].finish_reason == "error" and "NaN logits" in (got[3].error or "")
     assert [g.output_ids for g in got[:3]] == [r.output_ids for r in reference]
-    assert engine.live_rows == {} and driver.allocator.reserved == 0
+    assert engine.live_rows == {} and driver.pages.allocator.reserved == 0
 
 
 def test_hand_driven_passes_can_run_one_ahead_of_the_host(qwen3: Path) -> None:

@@ -30,7 +30,9 @@ from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
 from engine.attention.triton_backend import TritonAttnBackend, TritonDecodeMetadata
 from engine.core import Batch, Context, Phase, Req, SamplingParams
-from engine.driver import Generation, RequestState, StaticDriver
+from engine.driver import Generation, Pages, RequestState, StaticDriver
+from engine.driver.loop import Launch, Loop
+from engine.driver.requests import Requests, generate_pairs
 from engine.engine import Engine, ForwardOutput
 from engine.graph import GraphRunner, StepOutputs
 from engine.inputs import BatchInputs, InputLayout
@@ -47,12 +49,12 @@ _ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
 _ORIGINAL_STORE_KV = KVCachePool.store_kv
 _ORIGINAL_PREPARE_BATCH = Engine.prepare_batch
 _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
-_ORIGINAL_FINISH = StaticDriver._finish
+_ORIGINAL_FINISH = Requests.finish
 _ORIGINAL_STEP_SEED = sample.step_seed
 _ORIGINAL_FORWARD_BATCH = Engine.forward_batch
 _ORIGINAL_REPLAY = GraphRunner.replay
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
-_ORIGINAL_LAND = StaticDriver._land
+_ORIGINAL_LAND = Loop.land
 _ORIGINAL_PACK_INPUTS = engine_module.pack_inputs
 _ORIGINAL_UNPACK_INPUTS = engine_module.unpack_inputs
 _ORIGINAL_LOAD_INPUTS = GraphRunner.load_inputs
@@ -282,14 +284,14 @@ def _step_seed_without_position(seed: int, position: int) -> int:
     return _ORIGINAL_STEP_SEED(seed, 0)
 
 
-def _finish_keeps_abort_reservation(self: StaticDriver, seq: RequestState, reason: str) -> None:
+def _finish_keeps_abort_reservation(self: Requests, seq: RequestState, reason: str) -> None:
     """An aborted request gives back its mapped pages, but the unmapped rest of its reservation stays reserved."""
     if reason == "abort":
         seq.reserved_pages = len(seq.pages)  # the bug: the unused reservation is forgotten, never released
     _ORIGINAL_FINISH(self, seq, reason)
 
 
-def _finish_drops_last_page_on_eos(self: StaticDriver, seq: RequestState, reason: str) -> None:
+def _finish_drops_last_page_on_eos(self: Requests, seq: RequestState, reason: str) -> None:
     """A request that stops on EOS never returns its last mapped page to the free list (its reservation is right)."""
     if reason == "eos" and seq.pages:
         seq.pages = seq.pages[:-1]
@@ -454,28 +456,28 @@ def last_token_gather_off_by_one() -> contextlib.AbstractContextManager[None]:
     return _swap(TorchAttnBackend, "prepare_metadata", _prepare_metadata_gather_past_end)
 
 
-def _map_pages_committing_first(self: StaticDriver, seqs: list[RequestState], upto: list[int]) -> list[RequestState]:
-    grants = self._page_grants(seqs, upto)
+def _map_pages_committing_first(self: Pages, seqs: list[RequestState], upto: list[int]) -> list[RequestState]:
+    grants = self.grants(seqs, upto)
     writes = []
     for seq in grants:  # bug: each page is taken and appended before the page table is written
         page = self.allocator.take()
         writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, page))
         seq.pages.append(page)
     if writes:
-        self._write_pages(writes)
+        self.write(writes)
     return grants
 
 
 def pages_mapped_before_table_write() -> contextlib.AbstractContextManager[None]:
-    return _swap(StaticDriver, "_map_pages", _map_pages_committing_first)
+    return _swap(Pages, "map", _map_pages_committing_first)
 
 
 def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
-    return _swap(StaticDriver, "_finish", _finish_keeps_abort_reservation)
+    return _swap(Requests, "finish", _finish_keeps_abort_reservation)
 
 
 def pages_leak_on_eos() -> contextlib.AbstractContextManager[None]:
-    return _swap(StaticDriver, "_finish", _finish_drops_last_page_on_eos)
+    return _swap(Requests, "finish", _finish_drops_last_page_on_eos)
 
 
 def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
@@ -602,22 +604,22 @@ def _generate_admitting_eagerly(
     with self._exclusive("generate"):
         pending: deque[Any] = deque()
         uids: list[int] = []
-        first_uid = self._next_uid
-        for i, (prompt, sp) in enumerate(self._generate_pairs(prompts, params)):
-            pending.append(self._check(prompt, sp, (), f"prompt {i}: "))
-            self._admit_what_fits(pending, uids)  # the bug: before the later prompts are checked
+        first_uid = self.requests.next_uid
+        for i, (prompt, sp) in enumerate(generate_pairs(prompts, params)):
+            pending.append(self.requests.check(prompt, sp, (), f"prompt {i}: "))
+            self.requests.admit_what_fits(pending, uids)  # the bug: before the later prompts are checked
         return self._run_admitting(pending, uids, first_uid)
 
 
 def _driver_init_without_owner_check(self: StaticDriver, engine: Engine, *args: Any, **kwargs: Any) -> None:
-    """A new StaticDriver takes the engine without looking at its owner: it is never refused while another driver
+    """A new StaticDriver takes the engine without looking at its claim: it is never refused while another driver
     has running requests, and that driver is not retired, so both hand out the same rows and pages."""
-    owner = engine.owner
-    engine.owner = None
+    claim = engine.claimed_by
+    engine.claim(None)
     try:
         _ORIGINAL_DRIVER_INIT(self, engine, *args, **kwargs)
     except BaseException:
-        engine.owner = owner
+        engine.claim(claim)
         raise
 
 
@@ -637,7 +639,7 @@ def second_driver_allowed() -> contextlib.AbstractContextManager[None]:
 # ---- the overlapped driver (issue #13) ---------------------------------------------------------------------------
 
 
-def _land_keeping_the_overrun(self: StaticDriver, launch: Any) -> dict[int, int]:
+def _land_keeping_the_overrun(self: Loop, launch: Launch) -> dict[int, int]:
     """A request that finished (EOS) while the next pass was in flight keeps that pass's token: its output runs one
     token past the EOS."""
     overrun = [i for i, (seq, partial) in enumerate(zip(launch.seqs, launch.partial)) if seq.finished and not partial]
@@ -648,18 +650,18 @@ def _land_keeping_the_overrun(self: StaticDriver, launch: Any) -> dict[int, int]
     return produced
 
 
-def _withdraw_nothing(launch: Any) -> Any:
+def _withdraw_nothing(launch: Launch) -> Launch:
     """The pass started on top of a failed one is left in flight: it lands later, built on requests and random
     streams that were put back underneath it."""
     return launch
 
 
 def overrun_token_kept() -> contextlib.AbstractContextManager[None]:
-    return _swap(StaticDriver, "_land", _land_keeping_the_overrun)
+    return _swap(Loop, "land", _land_keeping_the_overrun)
 
 
 def failed_pass_successor_kept() -> contextlib.AbstractContextManager[None]:
-    return _swap(StaticDriver, "_withdraw", staticmethod(_withdraw_nothing))
+    return _swap(Loop, "withdraw", staticmethod(_withdraw_nothing))
 
 
 # ---- stop tokens ---------------------------------------------------------------------------------------------

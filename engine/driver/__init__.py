@@ -1,0 +1,23 @@
+"""The static driver: KV pages (pages), the request lifecycle (requests), the overlap loop (loop), composed by
+StaticDriver (static)."""
+
+from .loop import DECODE_LOOKAHEAD
+from .pages import Contiguous, Interleaved, LayoutKind, PageAllocator, PageLayout, PageOrder, Pages, Shuffled
+from .requests import Generation, RequestState
+from .static import DriverClaim, StaticDriver
+
+__all__ = [
+    "DECODE_LOOKAHEAD",
+    "Contiguous",
+    "DriverClaim",
+    "Generation",
+    "Interleaved",
+    "LayoutKind",
+    "PageAllocator",
+    "PageLayout",
+    "PageOrder",
+    "Pages",
+    "RequestState",
+    "Shuffled",
+    "StaticDriver",
+]

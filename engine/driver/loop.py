@@ -1,0 +1,224 @@
+"""The driver's overlap loop: build and launch a pass, land its tokens, and take a pass back when it fails or is
+interrupted. While the device runs one pass the next is built and launched; only then are the first's tokens
+waited for. A launch that does not complete leaves the requests, pages and rows as they were before it."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..engine import Engine, ForwardOutput
+from ..errors import NonFiniteLogitsError
+from .pages import Pages
+from .requests import Admission, Requests, RequestState
+
+# Tokens of page-table slots a decode step maps beyond the one it needs: one page-table write per 32 steps.
+DECODE_LOOKAHEAD = 32
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What the driver itself changed on the requests for a launch, as it was before: each running request's
+    device_len and prefill chunks (the engine undoes its own part)."""
+
+    saved: tuple[tuple[RequestState, int, int, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, seqs: list[RequestState]) -> Rewind:
+        return cls(tuple((seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in seqs))
+
+    def restore(self) -> None:
+        """Put back the requests whose pass did not complete (those the engine has put back to their cached_len)."""
+        for seq, cached_len, device_len, chunks in self.saved:
+            if seq.req.cached_len == cached_len:
+                seq.req.device_len = device_len
+                seq.chunks = deque(chunks)
+
+
+@dataclass
+class _Marks:
+    """What handing out a pass's tokens may change, as it was before: free pages, reservations and rows (counts:
+    releases go to the fronts), the running requests, the finished ones (a count: they are only added), and each
+    request of the pass."""
+
+    free_pages: int
+    reserved: int
+    free_rows: int
+    running: dict[int, RequestState]
+    finished: int
+    seqs: list[tuple[RequestState, int, int, int, list[int], bool, str, str | None]]
+
+
+@dataclass
+class Launch:
+    """A pass started on the device, whose tokens the driver has not taken yet."""
+
+    seqs: list[RequestState]
+    partial: list[bool]  # per request: a prefill chunk that yields no token
+    out: ForwardOutput
+    rewind: Rewind
+    granted: list[RequestState]  # the pages it mapped, one entry per page (Pages.unmap takes them back)
+
+
+class Loop:
+    """Launches passes over the running requests and lands them, on one engine's pages and rows."""
+
+    def __init__(self, engine: Engine, pages: Pages, requests: Requests, max_prefill_tokens: int | None) -> None:
+        self.engine = engine
+        self.pages = pages
+        self.requests = requests
+        self.max_prefill_tokens = max_prefill_tokens
+
+    def step(self) -> dict[int, int]:
+        """One pass, waited for: {uid: new token}. Requests with nothing to sample finish with "error" and the
+        pass runs again for the others."""
+        while True:
+            launch = self.launch()
+            if launch is None:
+                return {}
+            produced = self.land_or_retire(launch)
+            if produced is not None:
+                return produced
+
+    def drive(self, pending: deque[Admission] | None = None, uids: list[int] | None = None) -> None:
+        """Run until everything (and `pending`, admitted as rows and pages free up) has finished, overlapped: the
+        next pass is built and started while the device runs the current one, and only then are the current
+        one's tokens waited for. A request that hits EOS rides one pass more, whose token is dropped."""
+        inflight: Launch | None = None
+        try:
+            while pending or self.requests.running or inflight is not None:
+                if pending and uids is not None:
+                    self.requests.admit_what_fits(pending, uids)
+                nxt = self.launch()
+                if inflight is not None and nxt is not None and inflight.out.failed:
+                    nxt = self.withdraw(nxt)
+                landing, inflight = inflight, None
+                if landing is not None:
+                    self.land_or_retire(landing)
+                inflight = nxt
+        finally:
+            if inflight is not None:  # an exception (or interrupt) between launch and land: keep its tokens
+                self.land_or_retire(inflight)
+
+    def prefill_targets(self) -> list[tuple[RequestState, int]]:
+        """Requests still prefilling, with the device_len each reaches this step (chunks and budget apply)."""
+        budget = self.max_prefill_tokens
+        out = []
+        for seq in self.requests.running.values():
+            if not seq.prefilling:
+                continue
+            if budget is not None and budget <= 0:
+                break
+            req = seq.req
+            n = seq.chunks.popleft() if seq.chunks else req.num_tokens - req.cached_len
+            if budget is not None:
+                if n > budget:  # take what fits now, the rest of the chunk next step
+                    seq.chunks.appendleft(n - budget)
+                    n = budget
+                budget -= n
+            out.append((seq, req.cached_len + n))
+        return out
+
+    def next_pass(self) -> tuple[list[RequestState], Rewind, str] | None:
+        """The next pass: its requests (prefill targets with their new device_len), the Rewind of every running
+        request and the phase; None when nothing can run. A request whose tokens are all sampled, waiting for the
+        host, is left out."""
+        rewind = Rewind.of(list(self.requests.running.values()))
+        targets = self.prefill_targets()
+        if targets:
+            for seq, end in targets:
+                seq.req.device_len = end
+            return [s for s, _ in targets], rewind, "prefill"
+        seqs = [s for s in self.requests.running.values()
+                if s.req.device_len - s.prompt_len < s.req.sampling_params.max_tokens]
+        return (seqs, rewind, "decode") if seqs else None
+
+    def launch(self) -> Launch | None:
+        """Build and start the next pass on the device without waiting for it; None when nothing can run. If
+        the pass cannot start, the requests are left as they were."""
+        planned = self.next_pass()
+        if planned is None:
+            return None
+        seqs, rewind, phase = planned
+        granted: list[RequestState] = []
+        try:
+            if phase == "prefill":
+                granted = self.pages.map(seqs, [s.req.device_len for s in seqs])
+            else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
+                ps = self.pages.page_size
+                granted = self.pages.map(
+                    seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * ps) for s in seqs]
+                )
+            partial = [s.req.is_partial_prefill for s in seqs]
+            batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
+            return Launch(seqs, partial, self.engine.forward_batch(batch, args), rewind, granted)
+        except BaseException:
+            self.pages.unmap(granted)
+            rewind.restore()
+            raise
+
+    def land(self, launch: Launch) -> dict[int, int]:
+        """Wait for a pass's tokens and hand them to its requests (those finished meanwhile are skipped); if it
+        failed, its requests are put back and the error raised."""
+        try:
+            tokens = launch.out.result().tolist()
+        except BaseException:
+            self.pages.unmap(launch.granted)
+            launch.rewind.restore()
+            raise
+        marks = self.marks(launch.seqs)
+        try:
+            return self.requests.hand_out(launch.seqs, launch.partial, tokens, launch.out.logits)
+        except BaseException:  # an interrupt halfway: the whole step is taken back, the engine's part included
+            self.rollback(marks)
+            launch.out.undo()
+            self.pages.unmap(launch.granted)
+            launch.rewind.restore()
+            raise
+
+    def land_or_retire(self, launch: Launch) -> dict[int, int] | None:
+        """land, except that requests with nothing to sample finish with "error" (None: their pass must run
+        again for the others, who were put back)."""
+        try:
+            return self.land(launch)
+        except NonFiniteLogitsError as e:
+            running = self.requests.running
+            stuck = [uid for uid in e.uids if uid in running]
+            if not stuck:
+                raise
+            for uid in stuck:
+                self.requests.finish(running[uid], "error", str(e))
+            return None
+
+    @staticmethod
+    def withdraw(launch: Launch) -> Launch | None:
+        """Undo a pass started on top of one that failed: last in, first out, so the failed pass is undone after
+        the one built on it. Returns None: nothing is in flight any more."""
+        launch.out.undo()
+        launch.rewind.restore()
+        return None
+
+    def marks(self, seqs: list[RequestState]) -> _Marks:
+        allocator, requests = self.pages.allocator, self.requests
+        return _Marks(
+            len(allocator.free), allocator.reserved, len(requests.free_rows), dict(requests.running),
+            len(requests.finished),
+            [(seq, len(seq.output_ids), len(seq.logits), len(seq.req.token_ids), list(seq.pages), seq.finished,
+              seq.finish_reason, seq.error) for seq in seqs],
+        )
+
+    def rollback(self, marks: _Marks) -> None:
+        """Put the bookkeeping hand_out touches back to `marks` (pages and rows it released went to the fronts)."""
+        allocator, requests = self.pages.allocator, self.requests
+        for _ in range(len(allocator.free) - marks.free_pages):
+            allocator.free.popleft()
+        allocator.reserved = marks.reserved
+        for _ in range(len(requests.free_rows) - marks.free_rows):
+            requests.free_rows.popleft()
+        requests.running.clear()
+        requests.running.update(marks.running)
+        while len(requests.finished) > marks.finished:
+            requests.finished.popitem()
+        for seq, outputs, logits, tokens, pages, finished, reason, error in marks.seqs:
+            del seq.output_ids[outputs:], seq.logits[logits:], seq.req.token_ids[tokens:]
+            seq.pages, seq.finished, seq.finish_reason, seq.error = pages, finished, reason, error

@@ -1,0 +1,193 @@
+"""KV pages for the driver: the order pages are handed out in (a PageOrder policy, chosen by a PageLayout), the
+allocator's free list and reservations, and the mapping of a request's pages into its page-table row. A request
+reserves pages for its whole life when it is admitted; which physical pages it gets is decided when a step maps
+them, all or nothing, the page-table row written before the pages are taken."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar, get_args
+
+import torch
+
+from ..core import Req, checked_int
+from ..device import upload
+from ..engine import Engine
+from ..errors import CapacityError, ConfigError
+
+LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
+
+
+class Holder(Protocol):
+    """A request as its pages see it: its page-table row (req.table_idx), its pages, its reservation."""
+
+    req: Req
+    pages: list[int]
+    reserved_pages: int
+
+
+H = TypeVar("H", bound=Holder)
+
+
+class PageOrder(Protocol):
+    """Which physical pages go where: the free list's order at start, and the order a batch's pages are taken."""
+
+    def free_list(self, num_pages: int) -> list[int]: ...
+
+    def grants(self, need: Sequence[int]) -> list[int]:
+        """For requests needing need[i] new pages each, the request index of each page, in the order taken."""
+        ...
+
+
+class Contiguous:
+    """Ascending free list; each request takes its pages in one run."""
+
+    def free_list(self, num_pages: int) -> list[int]:
+        return list(range(num_pages))
+
+    def grants(self, need: Sequence[int]) -> list[int]:
+        return [i for i, k in enumerate(need) for _ in range(k)]
+
+
+@dataclass(frozen=True)
+class Shuffled(Contiguous):
+    """The free list is a seeded permutation."""
+
+    seed: int
+
+    def free_list(self, num_pages: int) -> list[int]:
+        order = list(range(num_pages))
+        random.Random(self.seed).shuffle(order)
+        return order
+
+
+class Interleaved(Contiguous):
+    """A batch takes pages round-robin across its requests, so their pages alternate in memory."""
+
+    def grants(self, need: Sequence[int]) -> list[int]:
+        return [i for r in range(max(need, default=0)) for i, k in enumerate(need) if k > r]
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """How physical pages are handed out, by name: contiguous, shuffled (with a seed) or interleaved. Freed pages go
+    back to the front of the free list, so the next request reuses them."""
+
+    kind: LayoutKind = "contiguous"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(LayoutKind):
+            raise ConfigError(f"PageLayout kind={self.kind!r} is invalid: use one of {list(get_args(LayoutKind))}")
+        object.__setattr__(self, "seed", checked_int(ConfigError, "PageLayout seed", self.seed, lambda v: True,
+                                                     "use an int"))
+
+    def order(self) -> PageOrder:
+        if self.kind == "shuffled":
+            return Shuffled(self.seed)
+        return Interleaved() if self.kind == "interleaved" else Contiguous()
+
+
+class PageAllocator:
+    def __init__(self, num_pages: int, order: PageOrder) -> None:
+        self.free: deque[int] = deque(order.free_list(num_pages))
+        self.reserved = 0
+        self.total = num_pages
+
+    @property
+    def available(self) -> int:
+        return len(self.free) - self.reserved
+
+    def reserve(self, n: int) -> None:
+        if n > self.total:
+            raise CapacityError(
+                f"the request needs {n} KV page(s) but the pool has only {self.total}; it can never fit: shorten "
+                "the prompt, lower max_tokens, or build the engine with more pages (memory_ratio, num_page_override)"
+            )
+        if n > self.available:
+            raise CapacityError(
+                f"the request needs {n} KV page(s) but only {self.available} are free; wait for running "
+                "requests to finish, or build the engine with more pages (memory_ratio, num_page_override)"
+            )
+        self.reserved += n
+
+    def peek(self, n: int) -> list[int]:
+        """The next n pages take() will hand out."""
+        return list(itertools.islice(self.free, n))
+
+    def take(self) -> int:
+        """A page from a reservation made earlier."""
+        assert self.reserved > 0, "take() without a reservation"
+        self.reserved -= 1
+        return self.free.popleft()
+
+    def untake(self, page: int) -> None:
+        """Undo the last take() of `page`: back to the front of the free list, and into the reservation."""
+        self.free.appendleft(page)
+        self.reserved += 1
+
+    def release(self, pages: list[int], unused_reservation: int) -> None:
+        self.free.extendleft(reversed(pages))
+        self.reserved -= unused_reservation
+
+
+class Pages:
+    """The engine's KV pages as one driver hands them out: the allocator, and the page-table writes that map them."""
+
+    def __init__(self, engine: Engine, order: PageOrder) -> None:
+        self.engine = engine
+        self.order = order
+        self.page_size = engine.config.page_size
+        self.allocator = PageAllocator(engine.num_pages, order)
+
+    def grants(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
+        """Which request each newly needed page goes to, in the order they are taken: enough for slots [0, upto)."""
+        need = [max(0, -(-n // self.page_size) - len(seq.pages)) for seq, n in zip(seqs, upto)]
+        return [seqs[i] for i in self.order.grants(need)]
+
+    def map(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
+        """All or nothing: the page-table rows are written first (past a request's pages, nothing reads them),
+        then the pages are taken and appended, with no call that can fail in between; returns the requests that
+        got a page, once per page (what unmap takes back)."""
+        grants = self.grants(seqs, upto)
+        if not grants:
+            return grants
+        pages = self.allocator.peek(len(grants))
+        added: dict[int, int] = {}
+        writes = []
+        for seq, page in zip(grants, pages):
+            index = len(seq.pages) + added.get(id(seq), 0)
+            added[id(seq)] = added.get(id(seq), 0) + 1
+            writes.append((seq.req.table_idx, index * self.page_size, page))
+        self.write(writes)
+        for seq, page in zip(grants, pages):
+            self.allocator.take()
+            seq.pages.append(page)
+        return grants
+
+    def unmap(self, grants: Sequence[Holder]) -> None:
+        """Give back the pages a map() granted, last first, so the free list is as it was."""
+        for seq in reversed(grants):
+            self.allocator.untake(seq.pages.pop())
+
+    def release(self, seq: Holder) -> None:
+        """A finished request's pages and the unmapped rest of its reservation, back to the front of the free list."""
+        self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
+        seq.pages = []
+
+    def write(self, writes: list[tuple[int, int, int]]) -> None:
+        """One scatter into the page table for every page mapped this step: (row, first slot, page) each."""
+        table = self.engine.page_table
+        width, ps = table.shape[1], self.page_size
+        flat, slots = [], []
+        for row, start, page in writes:
+            for offset in range(min(ps, width - start)):
+                flat.append(row * width + start + offset)
+                slots.append(page * ps + offset)
+        with self.engine.device.stream_context():  # after the passes in flight that read the table, in order
+            packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
+            table.view(-1)[packed[0]] = packed[1].to(torch.int32)
