@@ -13,9 +13,9 @@ Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; d
 * ``deep``: 400 examples per test, random (a new seed each run), the local example database kept.
 * ``dev``: 5 examples per test, derandomized: a quick smoke run while editing (floors not judged, as under
   ``fast``).
-* ``fast``: the kernel engineer's loop (README, "Checking your own kernel"): 3 examples per test, derandomized, the first bug
-  reported without looking for others, shrinking cut after ``SHRINK_SECONDS["fast"]``, and no vacuity floors
-  judged: a profile under ``oracle.coverage.MIN_EXAMPLES`` examples per test says nothing about coverage.
+* ``fast``: the kernel engineer's loop (README, "Checking your own kernel"): 3 examples per test, derandomized,
+  the first bug reported without looking for others, shrinking cut after ``SHRINK_SECONDS["fast"]``, and no vacuity
+  floors judged: a profile under ``oracle.coverage.MIN_EXAMPLES`` examples per test says nothing about coverage.
 * ``ci-random``: ``ci``'s example counts (so the same α per check) with a random seed, or ``--hypothesis-seed``'s:
   runs the statistical properties under many seeds to count false failures.
 * ``gpu``: ``ci`` with 10 examples per test and no shrinking, for ``--target cuda-*`` inside one 10-minute device
