@@ -1,34 +1,7 @@
-"""Sampling: the interface, BaseSampler, and its reference, Sampler (greedy, top-k, top-p, min-p, in HF's order).
-
-BaseSampler keeps what every sampler must do alike: per-request seeds (step_seed of (seed, position), so a seeded
-row's tokens do not depend on its batch), greedy rows (the raw logits' first argmax), the non-finite rows below, and
-the undo of the random streams. A plugin implements filtered_probs (the distribution each sampled row draws from)
-and may override noise (the Exp(1) draw of the exponential race) or draw (the whole filtered-probability and draw
-step, e.g. one fused kernel); it registers a SamplerFactory in SAMPLERS.
-
-Order and tie rules are HF's logits processors', decided in float32 as transformers computes them: temperature
-(logits / T) → top-k (every token tied with the k-th score is kept, so top_k = 1 keeps every tied maximum) → top-p
-on the renormalized result (scores sorted ascending, stably; a token is removed iff the cumulative mass up to and
-including it is <= float32(1 - top_p); the top token always stays; of exact ties the cut splits, the highest
-indices stay) → min-p (drop tokens with prob < min_p × max prob). A row with top_p = 1 gets the cut 0, which
-removes only tokens whose float32 probability is already 0: a batch-mate's top-p never truncates its tail. Greedy
-rows (temperature 0) take the first argmax of the raw logits, so a mixed batch never perturbs them.
-
-Drawing uses the exponential-race trick: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i.
-A request with a seed draws its noise from its own generator, seeded by (seed, position), so its tokens
-do not depend on the batch it is in.
-
-On CUDA with FlashInfer installed, rows draw with FlashInfer's rejection-sampling kernels instead (see
-flashinfer_draw); batches with a seeded request keep the torch path, whose per-request generators make seeded
-tokens independent of the batch (FlashInfer's Philox stream depends on the row's position in the batch).
-FlashInfer decides on float32 probabilities, so where tied probabilities straddle a top-k or top-p cut it cannot
-follow the tie rules above (oracle.sampler's prob_ties; tests/gpu/test_gpu_sampler_ties.py records what it does).
-
-Rows with nothing to sample (NaN or +inf logits, every logit -inf, or logits / temperature past float32) raise
-NonFiniteLogitsError naming them, and the random streams are put back where they were before the draw, so the other
-rows, run again without the bad ones, get the same tokens as before. No row ever gets a made-up token. sample()
-raises at once; sample_deferred() (the engine's, without a host sync) marks those rows -1 and hands back the
-undo, and the engine raises when the caller reads the tokens (ForwardOutput.result).
+"""Sampling: the interface, BaseSampler (per-request seeds, greedy rows, non-finite rows and the undo of the random
+streams, alike for every sampler), and its reference, Sampler: temperature, top-k, top-p, min-p in HF's order with
+HF's tie rules, drawn by the exponential race, on FlashInfer's kernels where they serve an unseeded CUDA batch. The
+rules are stated once, in docs/sampling.md.
 """
 
 from __future__ import annotations
