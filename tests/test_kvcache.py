@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine import Batch, CapacityError, Engine, EngineConfig, SamplingParams
+from engine import Batch, CapacityError, ConfigError, Engine, EngineConfig, SamplingParams
 from engine.distributed import TorchDistComm
-from engine.driver import PageLayout, StaticDriver
+from engine.driver import Contiguous, PageLayout, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 from engine.layers.kernels import TORCH_KERNELS
 from oracle.ranks import run_ranks
@@ -99,6 +99,46 @@ def test_every_finish_path_gives_back_its_pages_reservation_and_row(tiny_models:
     [length] = driver.generate([[9, 8]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert length.finish_reason == "length"
     _everything_back(driver)
+    engine.shutdown()
+
+
+class _Descending(Contiguous):
+    """A user's page order: the highest pages first."""
+
+    def free_list(self, num_pages: int) -> list[int]:
+        return list(range(num_pages))[::-1]
+
+
+class _LosesAPage(Contiguous):
+    def free_list(self, num_pages: int) -> list[int]:
+        return list(range(num_pages - 1))
+
+
+class _SkipsARequest(Contiguous):
+    def grants(self, need: list[int]) -> list[int]:  # type: ignore[override]
+        return super().grants(need)[1:]
+
+
+def test_driver_takes_a_page_order_policy(tiny_models: dict[str, Path]) -> None:
+    """A PageOrder is handed to the allocator as is: the pages go out in its order and the tokens do not change."""
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=2, num_page_override=16, max_running_req=2))
+    greedy = SamplingParams(max_tokens=4, ignore_eos=True)
+    [ref] = StaticDriver(engine).generate([[5, 6, 7]], greedy)
+    driver = StaticDriver(engine, _Descending())
+    uid = driver.add([5, 6, 7], greedy)
+    driver.step()
+    assert driver.running[uid].pages == [15, 14]
+    driver.run()
+    assert driver.result(uid).output_ids == ref.output_ids
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("order", [_LosesAPage(), _SkipsARequest()], ids=type)
+def test_a_broken_page_order_is_refused_before_it_maps_a_page(tiny_models: dict[str, Path], order: Contiguous) -> None:
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=2, num_page_override=16, max_running_req=2))
+    with pytest.raises(ConfigError, match=type(order).__name__):
+        driver = StaticDriver(engine, order)
+        driver.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.shutdown()
 
 

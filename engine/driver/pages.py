@@ -10,7 +10,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar, get_args
+from typing import Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 import torch
 
@@ -33,6 +33,7 @@ class Holder(Protocol):
 H = TypeVar("H", bound=Holder)
 
 
+@runtime_checkable
 class PageOrder(Protocol):
     """Which physical pages go where: the free list's order at start, and the order a batch's pages are taken."""
 
@@ -94,7 +95,10 @@ class PageLayout:
 
 class PageAllocator:
     def __init__(self, num_pages: int, order: PageOrder) -> None:
-        self.free: deque[int] = deque(order.free_list(num_pages))
+        free = order.free_list(num_pages)
+        if sorted(free) != list(range(num_pages)):  # a user's policy: a lost or doubled page would corrupt KV
+            raise ConfigError(f"{type(order).__name__}.free_list({num_pages}) must be a permutation of its pages")
+        self.free: deque[int] = deque(free)
         self.reserved = 0
         self.total = num_pages
 
@@ -147,7 +151,10 @@ class Pages:
     def grants(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
         """Which request each newly needed page goes to, in the order they are taken: enough for slots [0, upto)."""
         need = [max(0, -(-n // self.page_size) - len(seq.pages)) for seq, n in zip(seqs, upto)]
-        return [seqs[i] for i in self.order.grants(need)]
+        order = self.order.grants(need)
+        if sorted(order) != [i for i, k in enumerate(need) for _ in range(k)]:
+            raise ConfigError(f"{type(self.order).__name__}.grants({list(need)}) must name request i need[i] times")
+        return [seqs[i] for i in order]
 
     def map(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
         """All or nothing: the page-table rows are written first (past a request's pages, nothing reads them),

@@ -22,7 +22,7 @@ from ..core import SamplingParams, checked_bool, checked_int, is_int
 from ..engine import Engine
 from ..errors import CapacityError, ConfigError, EngineBusyError, InvalidRequestError
 from .loop import Loop
-from .pages import PageLayout, Pages
+from .pages import Contiguous, PageLayout, PageOrder, Pages
 from .requests import Admission, Generation, Requests, RequestState, generate_pairs
 
 
@@ -38,7 +38,7 @@ class StaticDriver:
     def __init__(
         self,
         engine: Engine,
-        layout: PageLayout | None = None,
+        layout: PageLayout | PageOrder | None = None,
         record_logits: bool = False,
         max_prefill_tokens: int | None = None,
         eos_token_ids: Collection[int] | None = None,
@@ -48,8 +48,8 @@ class StaticDriver:
         eos_token_ids: the tokens that finish a request not ignoring EOS (default: the model's EOS ids).
         """
         engine.check_open()
-        if layout is not None and not isinstance(layout, PageLayout):
-            raise ConfigError(f"layout={layout!r} is invalid: use a PageLayout or None")
+        if layout is not None and not isinstance(layout, (PageLayout, PageOrder)):
+            raise ConfigError(f"layout={layout!r} is invalid: use a PageLayout, a PageOrder or None")
         if max_prefill_tokens is not None:
             max_prefill_tokens = checked_int(
                 ConfigError, "max_prefill_tokens", max_prefill_tokens, lambda v: v >= 1, "use an int >= 1 or None"
@@ -70,7 +70,8 @@ class StaticDriver:
                 f"(uids {sorted(previous.running)[:8]}); finish or abort them, or close() it, first"
             )
         self.engine = engine
-        self.pages = Pages(engine, (layout or PageLayout()).order())
+        order = layout.order() if isinstance(layout, PageLayout) else layout or Contiguous()
+        self.pages = Pages(engine, order)
         self.requests = Requests(engine, self.pages, eos, record_logits)
         self.loop = Loop(engine, self.pages, self.requests, max_prefill_tokens)
         self.claim = DriverClaim(self.requests.running)
