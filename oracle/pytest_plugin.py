@@ -3,7 +3,8 @@ source for tests/, properties/ and any suite run with ``pytest --pyargs properti
 
 Options: ``--target NAME`` (a preset with ``,key=value`` overrides, or a TOML file; default ``$HFPARITY_TARGET`` or
 ``cpu-fp32``, see :mod:`oracle.target`) and ``--plugin MODULE`` (repeatable; see :mod:`oracle.plugins`). A target
-that cannot run here stops the session with a usage error saying why.
+that cannot run here stops the session with a usage error saying why. The GPU tests take ``gpu_target``: the
+named target, or ``cuda-bf16`` where none is named.
 
 Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; default ``ci``):
 
@@ -55,7 +56,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from oracle import coverage
 from oracle.plugins import PluginError, check_findable, load_plugins, plugin_names
-from oracle.target_spec import TARGET_ENV, TargetError, parse_spec, target_text
+from oracle.target_spec import DEVICE_DEFAULTS, TARGET_ENV, TargetError, named_text, parse_spec, target_text
 
 if TYPE_CHECKING:  # torch and the engine load in pytest_configure, once the usage checks passed
     import torch
@@ -256,6 +257,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def target(pytestconfig: pytest.Config) -> Target:
     """The target under test (--target)."""
     return pytestconfig.stash[_TARGET_KEY]
+
+
+def named_target(config: pytest.Config) -> Target | None:
+    """The session's target where --target or $HFPARITY_TARGET names one; None where the default applies, and a
+    suite of one device picks that device's preset (target_spec.DEVICE_DEFAULTS)."""
+    return config.stash[_TARGET_KEY] if named_text(config.getoption("target")) else None
+
+
+@pytest.fixture(scope="session")
+def gpu_target(pytestconfig: pytest.Config) -> Target:
+    """The target of the GPU tests: the session's where one is named, else cuda-bf16; a test using it skips where
+    that is no CUDA target or cannot run here."""
+    from oracle.target import parse
+
+    target = named_target(pytestconfig) or parse(DEVICE_DEFAULTS["cuda"])
+    if target.device != "cuda":
+        pytest.skip(f"target {target.name!r} is not a CUDA one: the GPU tests run at --target cuda-*")
+    problems = target.problems()
+    if problems:
+        pytest.skip(f"target {target.name!r} cannot run here: " + "; ".join(problems))
+    return target
 
 
 @pytest.fixture(scope="session")
