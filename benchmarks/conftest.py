@@ -12,9 +12,8 @@ import pytest
 
 from engine import Engine
 from oracle.environment import COMMIT_ENV
-from oracle.pytest_plugin import named_target
-from oracle.target import Target, parse
-from oracle.target_spec import DEVICE_DEFAULTS
+from oracle.pytest_plugin import device_target
+from oracle.target import Target
 
 from .common import build_engine, has_cuda, model_for, torch_info
 
@@ -50,20 +49,8 @@ def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict
 
 @pytest.fixture(scope="session")
 def target_for(pytestconfig: pytest.Config) -> Callable[[str], Target]:
-    """target_for(device) -> the target of that device's cases (see the module doc); the case skips where the named
-    target is another device's, or the device's preset cannot run here."""
-    named = named_target(pytestconfig)
-
-    def get(device: str) -> Target:
-        if named is not None and named.device != device:
-            pytest.skip(f"target {named.name!r} runs on {named.device}")
-        target = named or parse(DEVICE_DEFAULTS[device])
-        problems = target.problems()
-        if problems:
-            pytest.skip(f"target {target.name!r} cannot run here: " + "; ".join(problems))
-        return target
-
-    return get
+    """target_for(device) -> the target of that device's cases (the harness plugin's device_target)."""
+    return lambda device: device_target(pytestconfig, device)
 
 
 def _engine(target: Target) -> Engine:

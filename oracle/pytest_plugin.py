@@ -259,25 +259,26 @@ def target(pytestconfig: pytest.Config) -> Target:
     return pytestconfig.stash[_TARGET_KEY]
 
 
-def named_target(config: pytest.Config) -> Target | None:
-    """The session's target where --target or $HFPARITY_TARGET names one; None where the default applies, and a
-    suite of one device picks that device's preset (target_spec.DEVICE_DEFAULTS)."""
-    return config.stash[_TARGET_KEY] if named_text(config.getoption("target")) else None
-
-
-@pytest.fixture(scope="session")
-def gpu_target(pytestconfig: pytest.Config) -> Target:
-    """The target of the GPU tests: the session's where one is named, else cuda-bf16; a test using it skips where
-    that is no CUDA target or cannot run here."""
+def device_target(config: pytest.Config, device: str) -> Target:
+    """The target of a suite of one device (the GPU tests, a benchmark's cases): the session's where --target or
+    $HFPARITY_TARGET names one, else the device's preset (target_spec.DEVICE_DEFAULTS); the calling test skips where
+    the named target runs on another device or the preset cannot run here."""
     from oracle.target import parse
 
-    target = named_target(pytestconfig) or parse(DEVICE_DEFAULTS["cuda"])
-    if target.device != "cuda":
-        pytest.skip(f"target {target.name!r} is not a CUDA one: the GPU tests run at --target cuda-*")
+    named = config.stash[_TARGET_KEY] if named_text(config.getoption("target")) else None
+    if named is not None and named.device != device:
+        pytest.skip(f"target {named.name!r} runs on {named.device}, these tests on {device}")
+    target = named or parse(DEVICE_DEFAULTS[device])
     problems = target.problems()
     if problems:
         pytest.skip(f"target {target.name!r} cannot run here: " + "; ".join(problems))
     return target
+
+
+@pytest.fixture(scope="session")
+def gpu_target(pytestconfig: pytest.Config) -> Target:
+    """The target of the GPU tests (device_target of cuda: the named one, else cuda-bf16)."""
+    return device_target(pytestconfig, "cuda")
 
 
 @pytest.fixture(scope="session")
