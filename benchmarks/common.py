@@ -1,7 +1,8 @@
-"""What the benchmarks share: the model each device runs, engine setup, prompts, timing and step harnesses.
+"""What the benchmarks share: the target and model a run times, engine setup, prompts, timing and step harnesses.
 
-GPU runs use the Qwen3-0.6B shape (configs/qwen3-0.6b) with dummy weights in bf16; CPU runs use the real
-SmolLM2-135M in fp32, built once into the cache by oracle.zoo.
+A benchmark runs a target (oracle.target), cpu-fp32 on CPU and cuda-bf16 on CUDA unless one is named: its device,
+dtype and backends. GPU runs use the Qwen3-0.6B shape (configs/qwen3-0.6b) with dummy weights; CPU runs use the
+real SmolLM2-135M, built once into the cache by oracle.zoo.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from typing import Any
 
 import torch
 
-from engine import Engine, EngineConfig, ForwardOutput, Req, SamplingParams
+from engine import Engine, ForwardOutput, Req, SamplingParams
 from engine.core import Batch
 from engine.device import flashinfer_installed
 from engine.sample import Sampler
 from oracle.environment import cpu_model, flashinfer_version
+from oracle.target import Target, TargetError, parse
+from oracle.target_spec import DEVICE_DEFAULTS
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 GPU_SHAPE = "qwen3-0.6b"
@@ -30,6 +33,15 @@ GPU_SHAPE = "qwen3-0.6b"
 
 def has_cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def benchmark_target(text: str | None, device: str | None) -> Target:
+    """What a benchmark command runs: the target `text` names (--target), else the preset of `device` (--device, else
+    cuda where a GPU is visible); TargetError where it names another device or cannot run here."""
+    target = parse(text or DEVICE_DEFAULTS[device or ("cuda" if has_cuda() else "cpu")])
+    if device is not None and target.device != device:
+        raise TargetError(f"--target {target.name} runs on {target.device}, not on --device {device}")
+    return target.require()
 
 
 def torch_info() -> dict[str, object]:
@@ -91,13 +103,14 @@ class ModelChoice:
     label: str
 
 
-def model_for(device: torch.device, model_dir: str | None = None, shape: str = GPU_SHAPE) -> ModelChoice:
-    """The benchmark model of a device, or model_dir (dummy weights if it holds no *.safetensors)."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def model_for(target: Target, model_dir: str | None = None, shape: str = GPU_SHAPE) -> ModelChoice:
+    """The benchmark model of the target's device in its dtype, or model_dir (dummy weights if it holds no
+    *.safetensors)."""
+    dtype = target.torch_dtype
     if model_dir is not None:
         path = Path(model_dir)
         return ModelChoice(path, not any(path.glob("*.safetensors")), dtype, path.name)
-    if device.type == "cuda":
+    if target.device == "cuda":
         return ModelChoice(CONFIGS / shape, True, dtype, f"{shape} (dummy weights)")
     from oracle.zoo import smollm2_dir
 
@@ -105,29 +118,28 @@ def model_for(device: torch.device, model_dir: str | None = None, shape: str = G
 
 
 def build_engine(
+    target: Target,
     choice: ModelChoice,
-    device: torch.device,
     max_running_req: int,
     kv_tokens: int | None,
     page_size: int = 1,
-    cuda_graph_bs: list[int] | None = None,
+    graph_bs: list[int] | None = None,
     max_seq_len: int | None = None,
     **overrides: Any,
 ) -> Engine:
-    """An engine whose KV pool holds kv_tokens tokens (None: the engine's own memory planning); overrides are
-    further EngineConfig fields (e.g. attention_backend)."""
+    """An engine of the target whose KV pool holds kv_tokens tokens (None: the engine's own memory planning), with
+    CUDA graphs of graph_bs (None: the engine's sizes) where the target has graphs; overrides are further
+    EngineConfig fields (e.g. attention_backend)."""
     pages = None if kv_tokens is None else -(-kv_tokens // page_size) + max_running_req
-    config = EngineConfig(
-        str(choice.path),
-        dtype=choice.dtype,
-        device=str(device),
+    graphs = {"cuda_graph_bs": graph_bs, "cuda_graph_max_bs": max(graph_bs) if graph_bs else None}
+    config = target.engine_config(
+        choice.path,
         max_running_req=max_running_req,
         page_size=page_size,
         use_dummy_weight=choice.dummy,
         num_page_override=pages,
-        cuda_graph_bs=cuda_graph_bs,
-        cuda_graph_max_bs=max(cuda_graph_bs) if cuda_graph_bs else None,
         max_seq_len_override=max_seq_len,
+        **(graphs if target.graphs else {}),
         **overrides,
     )
     return Engine(config, sampler_seed=0)

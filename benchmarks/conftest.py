@@ -1,5 +1,7 @@
-"""Engines for the micro-benchmarks, one per device and session: SmolLM2-135M fp32 on CPU, the Qwen3-0.6B shape
-(dummy weights, bf16, CUDA graphs for the benchmarked batch sizes) on GPU. GPU cases skip without CUDA."""
+"""Engines for the micro-benchmarks, one per device and session, each of its device's target: the plugin's --target
+(or $HFPARITY_TARGET) where one is named, whose device's cases run and the other's skip; else cpu-fp32 on CPU
+(SmolLM2-135M) and cuda-bf16 on GPU (the Qwen3-0.6B shape, dummy weights, CUDA graphs for the benchmarked batch
+sizes). GPU cases skip without CUDA."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
-import torch
 
 from engine import Engine
 from oracle.environment import COMMIT_ENV
+from oracle.pytest_plugin import device_target
+from oracle.target import Target
 
 from .common import build_engine, has_cuda, model_for, torch_info
 
@@ -44,28 +47,31 @@ def pytest_benchmark_update_commit_info(config: pytest.Config, commit_info: dict
         commit_info.update(id=os.environ[COMMIT_ENV], dirty=False, source=COMMIT_ENV)
 
 
-def _engine(device: str) -> Engine:
-    dev = torch.device(device)
-    max_bs = max(DECODE_BS[device])
-    kv_tokens = max_bs * (DECODE_CONTEXT[device] + 1) + max(PREFILL_LENS) + 1
-    graph_bs = list(DECODE_BS[device]) if device == "cuda" else None
-    return build_engine(
-        model_for(dev), dev, max_running_req=max_bs, kv_tokens=kv_tokens, cuda_graph_bs=graph_bs
-    )
+@pytest.fixture(scope="session")
+def target_for(pytestconfig: pytest.Config) -> Callable[[str], Target]:
+    """target_for(device) -> the target of that device's cases (the harness plugin's device_target)."""
+    return lambda device: device_target(pytestconfig, device)
+
+
+def _engine(target: Target) -> Engine:
+    max_bs = max(DECODE_BS[target.device])
+    kv_tokens = max_bs * (DECODE_CONTEXT[target.device] + 1) + max(PREFILL_LENS) + 1
+    graph_bs = list(DECODE_BS[target.device])
+    return build_engine(target, model_for(target), max_running_req=max_bs, kv_tokens=kv_tokens, graph_bs=graph_bs)
 
 
 @pytest.fixture(scope="session")
-def cpu_engine() -> Iterator[Engine]:
-    engine = _engine("cpu")
+def cpu_engine(target_for: Callable[[str], Target]) -> Iterator[Engine]:
+    engine = _engine(target_for("cpu"))
     yield engine
     engine.shutdown()
 
 
 @pytest.fixture(scope="session")
-def cuda_engine() -> Iterator[Engine]:
+def cuda_engine(target_for: Callable[[str], Target]) -> Iterator[Engine]:
     if not has_cuda():
         pytest.skip("needs a CUDA GPU")
-    engine = _engine("cuda")
+    engine = _engine(target_for("cuda"))
     yield engine
     engine.shutdown()
 

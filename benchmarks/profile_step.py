@@ -1,14 +1,15 @@
 """Where a decode step's time goes: host time of each engine part, the device time of a bare graph replay, and
 (optionally) a torch.profiler trace.
 
-    python -m benchmarks.profile_step [--device cuda] [--batch-sizes 1,64] [--context 512] [--steps 100] [--trace DIR]
-                                      [--set attention_backend=triton ...]
+    python -m benchmarks.profile_step [--device cuda] [--target T] [--batch-sizes 1,64] [--context 512] [--steps 100]
+                                      [--trace DIR] [--set attention_backend=triton ...]
 
 Each batch size runs `--steps` decode steps of the static driver on the benchmark model (the Qwen3-0.6B shape on
-GPU, SmolLM2-135M on CPU) after a warm-up. Phase times are host wall time spent inside each part, per step; parts
-nest (forward_batch includes the graph replay, which includes the FlashInfer plan). The phases are timed over the
-overlapped run (StaticDriver.run), where the driver waits for a step's tokens only after starting the next one;
-waited_step_ms is the latency of a step that is waited for at once (step()).
+GPU, SmolLM2-135M on CPU) of the target (--target, else cpu-fp32 on CPU and cuda-bf16 on CUDA) after a warm-up.
+Phase times are host wall time spent inside each part, per step; parts nest (forward_batch includes the graph
+replay, which includes the FlashInfer plan). The phases are timed over the overlapped run (StaticDriver.run), where
+the driver waits for a step's tokens only after starting the next one; waited_step_ms is the latency of a step that
+is waited for at once (step()).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import engine.engine as engine_module
 from engine import Engine, SamplingParams
 from engine.driver import StaticDriver
 from oracle.environment import git_commit
+from oracle.target import TargetError
 
-from .common import build_engine, machine_info, model_for, random_prompts, synchronize
+from .common import benchmark_target, build_engine, machine_info, model_for, random_prompts, synchronize
 
 
 @contextmanager
@@ -135,7 +137,8 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: the target's, else cuda where a GPU is")
+    parser.add_argument("--target", help="preset[,key=value...] or FILE.toml (default: cpu-fp32 / cuda-bf16)")
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
     parser.add_argument("--context", type=int, default=512, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=100, help="timed decode steps per batch size")
@@ -149,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"--set {bad[0]!r}: give FIELD=VALUE")
     overrides = dict(item.split("=", 1) for item in args.set)
-    device = torch.device(args.device)
-    choice = model_for(device, args.model)
+    try:
+        target = benchmark_target(args.target, args.device)
+    except TargetError as exc:
+        parser.error(str(exc))
+    device = target.torch_device
+    choice = model_for(target, args.model)
     max_bs, max_len = max(args.batch_sizes), args.context + 2 * args.steps + 26
     try:
         engine = build_engine(
+            target,
             choice,
-            device,
             max_running_req=max_bs,
             kv_tokens=max_bs * max_len,
-            cuda_graph_bs=sorted(args.batch_sizes) if device.type == "cuda" else None,
+            graph_bs=sorted(args.batch_sizes),
             max_seq_len=max_len,
             **overrides,
         )
@@ -171,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": git_commit(),
+        "target": target.describe(),
         "device": device.type,
         "model": choice.label,
         "engine_overrides": overrides,

@@ -1,4 +1,5 @@
-"""Micro-benchmarks: one decode step, one prefill, the sampler, store_kv, and graph replay against eager.
+"""Micro-benchmarks of each device's target (conftest.py): one decode step, one prefill, the sampler, store_kv, and
+graph replay against eager.
 
 Every timed callable drains the device before it returns, so a time covers all the work it queued. Each case
 is named by its device, so a saved CPU run and a saved GPU run never compare against each other.
@@ -14,11 +15,13 @@ import torch
 from engine import Batch, Engine
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import TORCH_KERNELS
+from oracle.target import Target
 
 from .common import DecodeStep, PrefillStep, graphs, graphs_captured, make_sampler, mixed_batch
 from .conftest import DECODE_BS, DECODE_CONTEXT, PREFILL_LENS, device_params, needs_cuda
 
 EngineFor = Callable[[str], Engine]
+TargetFor = Callable[[str], Target]
 
 
 def _warm(device: str, fn: Callable[[], None]) -> None:
@@ -63,10 +66,10 @@ SAMPLER_CASES = {"cpu": ((8, 49152), (64, 49152)), "cuda": ((1, 151936), (64, 15
 
 @pytest.mark.parametrize("impl", ["torch", "flashinfer"])
 @pytest.mark.parametrize(("device", "shape"), device_params(SAMPLER_CASES))
-def test_sampler(benchmark, device: str, shape: tuple[int, int], impl: str) -> None:
-    """prepare + sample of a batch mixing greedy, temperature, top-k, top-p and min-p rows."""
+def test_sampler(benchmark, target_for: TargetFor, device: str, shape: tuple[int, int], impl: str) -> None:
+    """prepare + sample of a batch mixing greedy, temperature, top-k, top-p and min-p rows, on both sampling paths."""
     bs, vocab = shape
-    dev = torch.device(device)
+    dev = target_for(device).torch_device
     sampler = make_sampler(impl, dev, vocab)
     if sampler is None:
         pytest.skip(f"the {impl} sampling path needs CUDA and the flashinfer package")
@@ -84,16 +87,17 @@ def test_sampler(benchmark, device: str, shape: tuple[int, int], impl: str) -> N
     benchmark(run)
 
 
-# (kv_heads, head_dim, dtype) per device: SmolLM2 on CPU, the Qwen3 shapes on GPU.
-KV_SHAPE = {"cpu": (3, 64, torch.float32), "cuda": (8, 128, torch.bfloat16)}
+# (kv_heads, head_dim) per device: SmolLM2 on CPU, the Qwen3 shapes on GPU.
+KV_SHAPE = {"cpu": (3, 64), "cuda": (8, 128)}
 
 
 @pytest.mark.parametrize(("device", "tokens"), device_params({"cpu": (64, 2048), "cuda": (256, 2048)}))
-def test_store_kv(benchmark, device: str, tokens: int) -> None:
-    """One layer's K and V for `tokens` tokens written to scattered slots (a decode batch or a prefill), by the
-    torch reference kernels."""
-    heads, dim, dtype = KV_SHAPE[device]
-    dev = torch.device(device)
+def test_store_kv(benchmark, target_for: TargetFor, device: str, tokens: int) -> None:
+    """One layer's K and V for `tokens` tokens in the target's dtype written to scattered slots (a decode batch or a
+    prefill), by the torch reference kernels."""
+    heads, dim = KV_SHAPE[device]
+    target = target_for(device)
+    dev, dtype = target.torch_device, target.torch_dtype
     pool = KVCachePool(1, 16384, 1, heads, dim, dtype, dev)
     gen = torch.Generator().manual_seed(0)
     k = torch.randn(tokens, heads, dim, generator=gen).to(dev, dtype)

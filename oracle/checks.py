@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,10 @@ from engine import SamplingParams
 from oracle.sampler import ReferenceDistribution, reference_distribution
 from oracle.stats import MIN_EXPECTED, chi_square_gof, support_check
 from oracle.tolerance import YARDSTICK_RATIO, LogitTolerance, logits_error
+
+if TYPE_CHECKING:
+    from engine.driver import Generation
+    from oracle.hf import HFOracle
 
 NUMERICS_LAW = (
     "law broken: the engine's numerics against HF, seen by a property about something else; the properties for "
@@ -173,6 +178,32 @@ def check_forced_greedy(
     """The first of :func:`forced_greedy_mismatches`, as a message naming the tokens; None if they agree."""
     mismatches = forced_greedy_mismatches(tokens, ours_logits, ref_logits, tol)
     return f"{mismatches[0].message}; tokens {list(tokens)}" if mismatches else None
+
+
+def check_teacher_forced(
+    ref: HFOracle, gen: Generation, tol: LogitTolerance, what: str, yardstick: Sequence[float] | None = None
+) -> list[float]:
+    """A greedy generation against `ref` teacher-forced on the same tokens, so every position is compared: each
+    token is the argmax of the engine's own row and a near-tie of ref's; each row is within tol of ref's, or, where
+    `yardstick` gives HF's own error at the engine's dtype on that row, within tol.yardstick_bound. Returns the
+    per-row errors."""
+    prompt, out = list(gen.prompt_ids), list(gen.output_ids)
+    forced = ref.teacher_forced_logits(prompt + out)[len(prompt) - 1 : len(prompt) - 1 + len(out)]
+    dtype = str(tol.dtype).removeprefix("torch.")
+    errors = []
+    for i, (token, ours, row) in enumerate(zip(out, gen.logits, forced)):
+        assert ours[token] == ours.max(), f"{what} token {i}: {token} is not the argmax of the engine's own logits"
+        assert tol.near_tie(row, token), f"{what} token {i}: {token} is {float(row.max() - row[token]):.3g} below best"
+        err = logits_error(ours, row)
+        own = yardstick[i] if yardstick else None
+        allowed = tol.yardstick_bound(row, own)
+        assert err <= allowed, (
+            f"{what} token {i}: max |logit error| vs HF {str(ref.dtype).removeprefix('torch.')} {err:.3g} exceeds "
+            f"{allowed:.3g} ({dtype} bound {tol.bound(row):.3g}, HF {dtype}'s own error "
+            f"{float('nan') if own is None else own:.3g})"
+        )
+        errors.append(err)
+    return errors
 
 
 def bucketed_tokens(

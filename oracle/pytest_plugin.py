@@ -3,7 +3,8 @@ source for tests/, properties/ and any suite run with ``pytest --pyargs properti
 
 Options: ``--target NAME`` (a preset with ``,key=value`` overrides, or a TOML file; default ``$HFPARITY_TARGET`` or
 ``cpu-fp32``, see :mod:`oracle.target`) and ``--plugin MODULE`` (repeatable; see :mod:`oracle.plugins`). A target
-that cannot run here stops the session with a usage error saying why.
+that cannot run here stops the session with a usage error saying why. The GPU tests take ``gpu_target``: the
+named target, or ``cuda-bf16`` where none is named.
 
 Hypothesis profiles (``--hypothesis-profile NAME`` or ``$HYPOTHESIS_PROFILE``; default ``ci``):
 
@@ -55,7 +56,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from oracle import coverage
 from oracle.plugins import PluginError, check_findable, load_plugins, plugin_names
-from oracle.target_spec import TARGET_ENV, TargetError, parse_spec, target_text
+from oracle.target_spec import DEVICE_DEFAULTS, TARGET_ENV, TargetError, named_text, parse_spec, target_text
 
 if TYPE_CHECKING:  # torch and the engine load in pytest_configure, once the usage checks passed
     import torch
@@ -256,6 +257,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def target(pytestconfig: pytest.Config) -> Target:
     """The target under test (--target)."""
     return pytestconfig.stash[_TARGET_KEY]
+
+
+def device_target(config: pytest.Config, device: str) -> Target:
+    """The target of a suite of one device (the GPU tests, a benchmark's cases): the session's where --target or
+    $HFPARITY_TARGET names one, else the device's preset (target_spec.DEVICE_DEFAULTS); the calling test skips where
+    the named target runs on another device or the preset cannot run here."""
+    from oracle.target import parse
+
+    named = config.stash[_TARGET_KEY] if named_text(config.getoption("target")) else None
+    if named is not None and named.device != device:
+        pytest.skip(f"target {named.name!r} runs on {named.device}, these tests on {device}")
+    target = named or parse(DEVICE_DEFAULTS[device])
+    problems = target.problems()
+    if problems:
+        pytest.skip(f"target {target.name!r} cannot run here: " + "; ".join(problems))
+    return target
+
+
+@pytest.fixture(scope="session")
+def gpu_target(pytestconfig: pytest.Config) -> Target:
+    """The target of the GPU tests (device_target of cuda: the named one, else cuda-bf16)."""
+    return device_target(pytestconfig, "cuda")
 
 
 @pytest.fixture(scope="session")

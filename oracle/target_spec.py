@@ -16,6 +16,8 @@ from typing import Any
 
 TARGET_ENV = "HFPARITY_TARGET"
 DEFAULT = "cpu-fp32"
+# The preset a suite of one device runs where no target is named (the GPU tests, a benchmark's cases).
+DEVICE_DEFAULTS = {"cpu": DEFAULT, "cuda": "cuda-bf16"}
 
 
 class TargetError(ValueError):
@@ -169,6 +171,11 @@ def target_file(text: str) -> Path | None:
     return Path(text.strip()) if text.strip().endswith(".toml") else None
 
 
+def named_text(option: str | None = None) -> str | None:
+    """How the target is named: `option`, else $HFPARITY_TARGET; None where neither names one."""
+    return option or os.environ.get(TARGET_ENV) or None
+
+
 def target_text(option: str | None = None) -> str:
     """How the target is named: `option`, else $HFPARITY_TARGET, else the default (cpu-fp32)."""
-    return option or os.environ.get(TARGET_ENV) or DEFAULT
+    return named_text(option) or DEFAULT

@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.common import model_for
 from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
+from oracle.target import parse
 
 
 @pytest.mark.parametrize("isolated", [[], [HF_EAGER]], ids=["in-process", "isolated"])
@@ -28,6 +29,7 @@ def test_compare_grid_runs_the_same_work_on_both_sides(
     assert main(args + (["--isolate", ",".join(isolated)] if isolated else [])) == 0
     result = json.loads(out.read_text())
     assert result["meta"]["isolated"] == isolated
+    assert result["meta"]["target"]["name"] == "cpu-fp32" and result["meta"]["dtype"] == "float32"
     assert result["meta"]["machine_info"]["torch"] == torch.__version__ and result["meta"]["machine_info"]["cpu"]
     plan = Plan.for_device(torch.device("cpu"), quick=True)
     assert result["meta"]["plan"]["batch_sizes"] == list(plan.batch_sizes)
@@ -53,11 +55,13 @@ def test_skipped_contenders_leave_the_grid(tiny_models: dict[str, Path], tmp_pat
     assert result["grid"]["ratios"] == [] and result["grid"]["greedy_agreement"] == {}
     with pytest.raises(SystemExit):
         main([*args, "--skip", "vllm"])
+    with pytest.raises(SystemExit):  # a target of another device than --device's
+        main([*args, "--target", "cuda-bf16"])
 
 
 def test_an_isolated_contender_that_fails_raises_with_the_childs_traceback(tiny_models: dict[str, Path]) -> None:
     cpu = torch.device("cpu")
-    with IsolatedHF(model_for(cpu, str(tiny_models["qwen3"])), cpu, HF_EAGER, None) as child:
+    with IsolatedHF(model_for(parse("cpu-fp32"), str(tiny_models["qwen3"])), cpu, HF_EAGER, None) as child:
         wall, cpu_s, tokens = child.run([[1, 2, 3]], 2)
         assert wall > 0 and cpu_s > 0 and len(tokens[0]) == 2
         with pytest.raises(RuntimeError, match=f"{HF_EAGER}: its child process failed") as failed:

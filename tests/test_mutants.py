@@ -33,6 +33,7 @@ from engine.layers.kernels import TorchKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
 from oracle.mutants import MUTANTS, activate, mutants_for
+from oracle.mutants.killers import KillersError, killers, parse_killers
 from oracle.mutants.plugin import MUTANT_ENV
 from oracle.mutants.runner import REPO_ROOT, Job, run_one
 from oracle.target import parse
@@ -83,12 +84,25 @@ def _changed(before: dict[tuple[str, str], object]) -> set[tuple[str, str]]:
     return {k for k in before.keys() | now.keys() if before.get(k) is not now.get(k)}
 
 
-def test_the_catalogue_has_25_or_more_mutants_with_existing_targets() -> None:
+def test_the_catalogue_has_25_or_more_mutants_with_existing_killers() -> None:
     assert len(MUTANTS) >= 25 and mutants_for("cuda")
     for name, mutant in MUTANTS.items():
-        assert mutant.bug and mutant.seen and mutant.targets and mutant.fast, name
-        for target in (*mutant.targets, *mutant.fast):
+        assert mutant.bug and mutant.seen, name
+        kill = killers()[name]
+        for target in (*kill.targets, *kill.fast):
             assert (REPO_ROOT / target.split("::")[0]).is_file(), f"{name}: {target} does not exist"
+
+
+def test_the_killers_file_names_every_mutant_and_is_required(tmp_path: Path) -> None:
+    """mutants.toml lives beside the suites: a table per mutant, no stray ones, and a clear error without it."""
+    text = (REPO_ROOT / "mutants.toml").read_text()
+    first = next(iter(MUTANTS))
+    with pytest.raises(KillersError, match=rf"no table for mutant\(s\) \['{first}'\]"):
+        parse_killers(text.replace(f"[{first}]", "[not_a_mutant]"))
+    with pytest.raises(KillersError, match="fast: use a non-empty list"):
+        parse_killers(text.replace("fast = [", "fast = [3, ", 1))
+    with pytest.raises(KillersError, match="not found: the kill table runs the suites of a checkout"):
+        killers(tmp_path / "mutants.toml")
 
 
 def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> None:
@@ -204,7 +218,7 @@ def test_the_kill_table_runs_from_a_checkout_that_is_not_installed(tmp_path: Pat
     python = _uninstalled_python(tmp_path / "venv")
     # A copy of the sources: an editable install leaves *.egg-info in the checkout, which PYTHONPATH would expose.
     checkout = tmp_path / "checkout"
-    for name in ("engine", "oracle", "properties", "tests", "examples", "benchmarks", "pyproject.toml"):
+    for name in ("engine", "oracle", "properties", "tests", "examples", "benchmarks", "pyproject.toml", "mutants.toml"):
         source = REPO_ROOT / name
         if source.is_dir():
             shutil.copytree(source, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))

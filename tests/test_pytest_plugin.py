@@ -1,7 +1,7 @@
 """The harness's pytest plugin (oracle.pytest_plugin) as a user meets it: the vacuity floors (oracle.coverage: a test
 whose examples miss their case fails, saying which law went unchecked), pinned Hypothesis constants (derandomized
-examples do not move when an unrelated local module loads), the profiles' shrinking bound, the cheapest-first order
-and the target and plugin header under -q."""
+examples do not move when an unrelated local module loads), the profiles' shrinking bound, the cheapest-first order,
+the target and plugin header under -q, and the GPU tests' target."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oracle.coverage import FLOORS_ENV, MIN_EXAMPLES, Tally, exercised, floors, tally
+from oracle.target_spec import TARGET_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +97,21 @@ def run_pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedPro
     env.pop(FLOORS_ENV, None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "oracle.pytest_plugin", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_gpu_tests_run_the_named_target_else_cuda_bf16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_target: a named target that is not a CUDA one skips the GPU tests; where none is named they run cuda-bf16,
+    skipped where it cannot run (here: no CUDA device)."""
+    import torch
+
+    monkeypatch.delenv(TARGET_ENV, raising=False)
+    body = "def test_gpu(gpu_target):\n    assert gpu_target.name == 'cuda-bf16'\n"
+    named = run_pytest(tmp_path, body, "--target", "cpu-bf16", "-rs")
+    assert named.returncode == 0 and "target 'cpu-bf16' runs on cpu, these tests on cuda" in named.stdout, named.stdout
+    default = run_pytest(tmp_path, body, "-rs")
+    assert default.returncode == 0, default.stdout + default.stderr
+    if not torch.cuda.is_available():
+        assert "target 'cuda-bf16' cannot run here: device=cuda" in default.stdout, default.stdout
 
 
 VACUOUS = """

@@ -1,6 +1,8 @@
 """Side-by-side ratios in one process and one run: this engine against HF generate, and against the hardware.
 
-    python -m benchmarks.compare [--device cpu|cuda] [--quick] [--json PATH] [--sections grid,roofline,offline]
+    python -m benchmarks.compare [--device cpu|cuda] [--target T] [--quick] [--json PATH] [--sections ...]
+
+The engine runs a target (oracle.target): --target, else cpu-fp32 on CPU and cuda-bf16 on CUDA; HF runs its dtype.
 
 1. Controlled grid: B requests with the same random prompts, greedy, EOS ignored, n new tokens each, through
    this engine (eager, and with CUDA graphs on GPU), HF generate eager (DynamicCache) and HF generate with a

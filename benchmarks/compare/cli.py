@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
+from oracle.target import TargetError
 
-from ..common import model_for, synchronize
+from ..common import benchmark_target, model_for, synchronize
 from . import __doc__ as description
 from .contenders import ENGINE_EAGER, ENGINE_GRAPHS, HF_EAGER, HF_STATIC
 from .grid import run_grid
@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: the target's, else cuda where a GPU is")
+    parser.add_argument(
+        "--target",
+        help="the engine's device, dtype and backends: preset[,key=value...] or FILE.toml (default: cpu-fp32 on CPU, "
+        "cuda-bf16 on CUDA; $HFPARITY_TARGET is not read)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sizes, tokens and rounds (a smoke run)")
     parser.add_argument("--json", type=Path, help="write the full results here")
     parser.add_argument("--model", help="model dir (default: Qwen3-0.6B shape on GPU, SmolLM2-135M on CPU)")
@@ -62,21 +67,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--skip takes only {names}, not {sorted(args.skip)}")
     if not args.isolate <= {HF_EAGER, HF_STATIC}:
         parser.error(f"--isolate takes only {HF_EAGER!r} and {HF_STATIC!r}, not {sorted(args.isolate)}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but no CUDA GPU is visible")
+    try:
+        target = benchmark_target(args.target, args.device)
+    except TargetError as exc:
+        parser.error(str(exc))
+    device = target.torch_device
     plan = Plan.for_device(device, args.quick)
     if args.batch_sizes:
         plan = replace(plan, batch_sizes=args.batch_sizes)
     if args.repeats:
         plan = replace(plan, repeats=args.repeats)
     sections = set(args.sections.split(","))
-    choice = model_for(device, args.model, args.shape)
+    choice = model_for(target, args.model, args.shape)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    result: dict[str, Any] = {"meta": run_meta(device, choice, plan, argv)}
+    result: dict[str, Any] = {"meta": run_meta(target, choice, plan, argv)}
 
     def save() -> None:  # after every section: a run cut short by a time limit keeps what it finished
         if args.json:
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bandwidth {result['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s")
         save()
     if "grid" in sections or "roofline" in sections:
-        grid = run_grid(choice, device, plan, log, args.isolate, args.skip)
+        grid = run_grid(target, choice, plan, log, args.isolate, args.skip)
         result["meta"]["skipped"] = sorted(args.skip)
         result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
         result["grid"] = grid
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         result["roofline"] = run_roofline(result["grid"], plan, result["bandwidth_bytes_per_s"])
         save()
     if device.type == "cuda" and "offline" in sections and plan.offline_requests:
-        result["offline"] = run_offline(choice, device, plan, log)
+        result["offline"] = run_offline(target, choice, plan, log)
         save()
     synchronize(device)
     print_report(result)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine import Engine
+from oracle.target import Target
 
 from ..common import ModelChoice, build_engine, graphs_captured, random_prompts
 from .contenders import (
@@ -47,8 +48,8 @@ class GridRow:
 
 
 def run_grid(
+    target: Target,
     choice: ModelChoice,
-    device: torch.device,
     plan: Plan,
     log: Callable[[str], None],
     isolate: frozenset[str] = frozenset({HF_STATIC}),
@@ -56,14 +57,15 @@ def run_grid(
 ) -> dict[str, Any]:
     """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here, and the
     contenders named in `skip` not at all."""
+    device = target.torch_device
     cuda = device.type == "cuda"
     max_b, n = max(plan.batch_sizes), plan.new_tokens
     engine = build_engine(
+        target,
         choice,
-        device,
         max_running_req=max_b,
         kv_tokens=max_b * (plan.prompt_len + n + 1),
-        cuda_graph_bs=sorted(plan.batch_sizes) if cuda else None,
+        graph_bs=sorted(plan.batch_sizes),
         max_seq_len=plan.prompt_len + n + 1,
     )
     vocab = engine.model_config.vocab_size

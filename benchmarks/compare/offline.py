@@ -11,17 +11,18 @@ import torch
 
 from engine import SamplingParams
 from engine.driver import StaticDriver
+from oracle.target import Target
 
 from ..common import ModelChoice, build_engine, graphs_captured, random_prompts, timed
 from .plan import Plan
 
 
-def run_offline(choice: ModelChoice, device: torch.device, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+def run_offline(target: Target, choice: ModelChoice, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     count = plan.offline_requests
     in_lens = torch.randint(100, 1025, (count,), generator=gen).tolist()
     out_lens = torch.randint(100, 1025, (count,), generator=gen).tolist()
-    engine = build_engine(choice, device, max_running_req=count, kv_tokens=None, max_seq_len=2048 + 1)
+    engine = build_engine(target, choice, max_running_req=count, kv_tokens=None, max_seq_len=2048 + 1)
     vocab = engine.model_config.vocab_size
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in in_lens]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in out_lens]
@@ -29,7 +30,7 @@ def run_offline(choice: ModelChoice, device: torch.device, plan: Plan, log: Call
     warm = random_prompts(min(count, 16), 128, vocab, seed=1)  # JIT, graph pools, allocator growth
     driver.generate(warm, SamplingParams(max_tokens=16, ignore_eos=True))
     results: list[Any] = []
-    seconds = timed(lambda: results.extend(driver.generate(prompts, params)), device)
+    seconds = timed(lambda: results.extend(driver.generate(prompts, params)), target.torch_device)
     produced = sum(len(g.output_ids) for g in results)
     if produced != sum(out_lens):
         raise RuntimeError(f"the offline run produced {produced} tokens, expected {sum(out_lens)}")

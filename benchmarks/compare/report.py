@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from oracle.environment import cpu_model, git_commit
+from oracle.target import Target
 
 from ..common import ModelChoice, machine_info
 from .plan import Plan
@@ -74,12 +75,13 @@ def print_report(result: dict[str, Any]) -> None:
     Console(width=200).print(table)
 
 
-def run_meta(device: torch.device, choice: ModelChoice, plan: Plan, argv: list[str] | None) -> dict[str, Any]:
+def run_meta(target: Target, choice: ModelChoice, plan: Plan, argv: list[str] | None) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": git_commit(),
-        "device": device.type,
-        "machine": machine(device),
+        "target": target.describe(),
+        "device": target.device,
+        "machine": machine(target.torch_device),
         "machine_info": machine_info(),  # node, CPU, Python, torch, CUDA and GPU: where the numbers came from
         "model": choice.label,
         "dtype": str(choice.dtype).removeprefix("torch."),

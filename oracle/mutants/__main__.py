@@ -3,8 +3,9 @@ print the kill table (also installed as ``hfparity-mutants``).
 
 Each pytest run checks the chosen target (``$HFPARITY_TARGET``) with the chosen plugins (``$HFPARITY_PLUGINS``):
 both travel to the child processes through the environment. Exits 0 only if the baseline passes and every mutant
-is killed, 2 on bad usage (checked before any run: an output dir that cannot be written, an output that is or lies
-inside an input, a mutants.json this tool did not write without --force) or a target that cannot run here.
+is killed, 2 on bad usage (checked before any run: no checkout's mutants.toml to read, an output dir that cannot be
+written, an output that is or lies inside an input, a mutants.json this tool did not write without --force) or a
+target that cannot run here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..plugin_probe import probe_plugins
 from ..plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from ..target import TARGET_ENV, TargetError, from_env
 from . import MUTANTS, mutants_for
+from .killers import KillersError, killers
 from .runner import BASELINE, REPO_ROOT, REPORT_MARK, RunResult, job_of, run_table, write_json
 
 _STYLE = {"killed": "green", "passed": "green", "survived": "bold red", "failed": "bold red"}
@@ -76,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         probe_plugins(args.plugin)
         load_plugins(args.plugin)
         target = from_env(args.target).require()
+        killers()
         if not args.list:  # --list writes nothing
             inputs = read_inputs(args.plugin, args.target)
             check_not_input("--out", args.out / "mutants", inputs)
             check_dir("--out", args.out / "mutants")
             check_output("--out", report, inputs, carries(REPORT_MARK), args.force)
-    except (TargetError, PluginError, UsageError) as exc:
+    except (TargetError, PluginError, UsageError, KillersError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.target:  # the text as given: a TOML target's name is its file's stem, which the children cannot parse

@@ -1,4 +1,4 @@
-"""Runs each mutant's pytest targets in a fresh process and builds the kill table.
+"""Runs each mutant's pytest targets (its killers in mutants.toml) in a fresh process and builds the kill table.
 
 A mutant is *killed* when pytest exits with status 1 (tests failed) and at least one test failed; a crash,
 a usage error, a collection error or a timeout is an *error*, never a kill. Before the mutants, a baseline runs
@@ -21,9 +21,9 @@ from pathlib import Path
 from ..atomic import replacing
 from ..coverage import FLOORS_ENV
 from . import MUTANTS
+from .killers import REPO_ROOT, killers
 from .plugin import MUTANT_ENV, REPORT_ENV
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINE = "(baseline)"
 
 
@@ -60,8 +60,8 @@ class Job:
 
 
 def job_of(name: str, fast: bool) -> Job:
-    mutant = MUTANTS[name]
-    return Job(mutant.fast, mutant.fast_profile) if fast else Job(mutant.targets, None)
+    kill = killers()[name]
+    return Job(kill.fast, kill.fast_profile) if fast else Job(kill.targets, None)
 
 
 def run_one(mutant: str | None, job: Job, fast: bool, log_path: Path, timeout: float | None = None) -> RunResult:

@@ -1,12 +1,14 @@
-"""What the GPU tests share: skip markers, tiny models FlashInfer can serve, and engine settings.
+"""What the GPU tests share: skip markers, engines of the GPU target, greedy runs and the bf16 tolerance.
 
 Every GPU test carries ``gpu`` (selected by ``pytest -m gpu``) and a skip condition, so it skips cleanly on a
-machine without CUDA (or without flashinfer, where it needs it).
+machine without CUDA (or without flashinfer, where it needs it). Engines and models come from the target, as the
+properties' do: the harness plugin's ``gpu_target`` fixture (``--target``, else cuda-bf16; the tests that take it
+skip where it is no CUDA target), whose backends a test overrides only where it exercises one on purpose.
 
 The zoo's tiny models have head_dim 16 by default, below FlashInfer's smallest kernel (64); the GPU tests use the
-zoo's same architectures and init widened to head_dim 64 (``oracle.zoo.tiny_model_dir(arch, root, head_dim=64)``),
-among them ``llama_gqa3``, with 6 query heads per 2 KV heads: a GQA group of 3, which (like SmolLM2's 9/3) is not a
-power of two and takes the tensor-core decode path.
+zoo's same architectures and init at the target's head_dim (64 for the CUDA presets), among them ``llama_gqa3``,
+with 6 query heads per 2 KV heads: a GQA group of 3, which (like SmolLM2's 9/3) is not a power of two and takes the
+tensor-core decode path.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 from engine.attention.flashinfer_backend import flashinfer_installed
 from engine.driver import Generation, PageLayout, StaticDriver
-from oracle.pytest_plugin import OraclePool
-from oracle.tolerance import logit_tolerance, logits_error
+from oracle.target import Target
+from oracle.tolerance import logit_tolerance
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_FLASHINFER = HAS_CUDA and flashinfer_installed()
@@ -31,22 +33,14 @@ requires_flashinfer = pytest.mark.skipif(not HAS_FLASHINFER, reason="needs a CUD
 needs_cuda = [pytest.mark.gpu, requires_cuda]  # module-level pytestmark
 needs_flashinfer = [pytest.mark.gpu, requires_flashinfer]
 
-# The zoo architectures of the head_dim-64 models: all but qwen3_moe, whose attention is Qwen3's.
+# The zoo architectures of the target's head_dim models: all but qwen3_moe, whose attention is Qwen3's.
 WIDE_ARCHS = ("qwen3", "qwen2", "llama", "llama_gqa3")
-WIDE_HEAD_DIM = 64
 
 
-def gpu_engine(model: Path, **overrides: Any) -> Engine:
-    """A bf16 CUDA engine with a small fixed pool; keyword arguments override EngineConfig fields."""
-    settings: dict[str, Any] = {
-        "dtype": "bfloat16",
-        "device": "cuda",
-        "num_page_override": 512,
-        "max_running_req": 8,
-        "max_seq_len_override": 256,
-    }
-    settings.update(overrides)
-    return Engine(EngineConfig(str(model), **settings), sampler_seed=0)
+def gpu_engine(target: Target, model: Path, **fields: Any) -> Engine:
+    """An engine of the target with a small fixed pool; keyword arguments set other EngineConfig fields."""
+    settings: dict[str, Any] = {"num_page_override": 512, "max_running_req": 8, "max_seq_len_override": 256}
+    return Engine(target.engine_config(model, **settings | fields), sampler_seed=0)
 
 
 def random_prompt(seed: int, length: int, vocab: int) -> list[int]:
@@ -71,30 +65,4 @@ def generate(
     return [driver.result(uid) for uid in uids]
 
 
-hf_oracle = OraclePool()  # hf_oracle(model, dtype=float64, device="cpu"), built once per process
-
-
 TOL = logit_tolerance(torch.bfloat16)  # the harness's bf16 bound and near-tie rule (oracle.tolerance)
-
-
-def check_against_hf64(
-    model: Path, gen: Generation, what: str, yardstick: Sequence[float] | None = None
-) -> list[float]:
-    """The engine's bf16 greedy run against HF in float64 teacher-forced on the same tokens (so every position is
-    compared): each token is the argmax of the engine's own row and a near-tie of HF's; each row is within TOL of
-    HF's, or, where `yardstick` gives HF bf16's own error on that row, within TOL.yardstick_bound. Returns the
-    per-row errors."""
-    prompt, out = list(gen.prompt_ids), list(gen.output_ids)
-    forced = hf_oracle(model).teacher_forced_logits(prompt + out)[len(prompt) - 1 : len(prompt) - 1 + len(out)]
-    errors = []
-    for i, (token, ours, ref) in enumerate(zip(out, gen.logits, forced)):
-        assert ours[token] == ours.max(), f"{what} token {i}: {token} is not the argmax of the engine's own logits"
-        assert TOL.near_tie(ref, token), f"{what} token {i}: {token} is {float(ref.max() - ref[token]):.3g} below best"
-        err = logits_error(ours, ref)
-        allowed = TOL.yardstick_bound(ref, yardstick[i] if yardstick else None)
-        assert err <= allowed, (
-            f"{what} token {i}: max |logit error| vs HF float64 {err:.3g} exceeds {allowed:.3g} (bf16 bound "
-            f"{TOL.bound(ref):.3g}, HF bf16's own error {yardstick[i] if yardstick else float('nan'):.3g})"
-        )
-        errors.append(err)
-    return errors

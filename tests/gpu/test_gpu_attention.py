@@ -12,17 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_support import (
-    TOL,
-    check_against_hf64,
-    generate,
-    gpu_engine,
-    needs_flashinfer,
-    random_prompt,
-)
+from gpu_support import TOL, generate, gpu_engine, needs_flashinfer, random_prompt
 
 from engine.driver import Generation, PageLayout
-from oracle.checks import assert_logits_close, compare_greedy
+from oracle.checks import assert_logits_close, check_teacher_forced, compare_greedy
+from oracle.pytest_plugin import OraclePool
+from oracle.target import Target
 
 pytestmark = needs_flashinfer
 # Lengths around page boundaries of 4 and 16, and one long enough for many KV tiles (and split-KV decode); three
@@ -52,12 +47,13 @@ def _prompts(vocab: int) -> list[list[int]]:
 @pytest.mark.parametrize("backend", ["flashinfer", "triton"])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_backend_matches_torch_backend(
-    wide_model: Path, backend: str, page_size: int, record_property: pytest.RecordProperty
+    gpu_target: Target, wide_model: Path, backend: str, page_size: int, record_property: pytest.RecordProperty
 ) -> None:
     layout = PageLayout("shuffled", seed=page_size)
     runs = {}
     for name in (backend, "torch"):
-        engine = gpu_engine(wide_model, attention_backend=name, page_size=page_size, cuda_graph_bs=[], **LONG)
+        engine = gpu_engine(gpu_target, wide_model, attention_backend=name, page_size=page_size, cuda_graph_bs=[],
+                            **LONG)
         assert engine.attn_backend.name == name
         runs[name] = generate(engine, _prompts(engine.model_config.vocab_size), 12, layout, CHUNKS)
         engine.shutdown()
@@ -69,21 +65,23 @@ def test_backend_matches_torch_backend(
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("kind", ["shuffled", "interleaved"])
 def test_page_sweep_matches_hf64(
-    wide_model: Path, backend: str, page_size: int, kind: str, record_property: pytest.RecordProperty
+    gpu_target: Target, wide_model: Path, backend: str, page_size: int, kind: str, oracle: OraclePool,
+    record_property: pytest.RecordProperty,
 ) -> None:
-    """The engine with CUDA graphs on scattered pages, checked token by token against HF."""
-    engine = gpu_engine(wide_model, attention_backend=backend, page_size=page_size, **LONG)
-    assert engine.attn_backend.name == backend and engine.graph_runner.enabled
+    """The engine (CUDA graphs as the target has them) on scattered pages, checked token by token against HF."""
+    engine = gpu_engine(gpu_target, wide_model, attention_backend=backend, page_size=page_size, **LONG)
+    assert engine.attn_backend.name == backend and engine.graph_runner.enabled == gpu_target.graphs
     gens = generate(engine, _prompts(engine.model_config.vocab_size), 10, PageLayout(kind, seed=7), CHUNKS)
     engine.shutdown()
     what = f"{backend} {wide_model.name} {kind} page_size={page_size}"
-    worst = max(max(check_against_hf64(wide_model, g, what)) for g in gens)
+    worst = max(max(check_teacher_forced(oracle(wide_model), g, TOL, what)) for g in gens)
     record_property(f"max_logit_err_vs_hf64_{backend}_{wide_model.name}_{kind}_ps{page_size}", round(worst, 5))
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_triton_decode_one_request_at_a_time_matches_hf64(
-    wide_model: Path, page_size: int, record_property: pytest.RecordProperty, monkeypatch: pytest.MonkeyPatch
+    gpu_target: Target, wide_model: Path, page_size: int, oracle: OraclePool, record_property: pytest.RecordProperty,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One request per batch, so every decode step is bs 1, which the triton backend runs on its own kernel (the
     other tests' batches decode on FlashInfer): eager, counting the kernel's calls, and replayed from its graph;
@@ -95,7 +93,8 @@ def test_triton_decode_one_request_at_a_time_matches_hf64(
     monkeypatch.setattr(triton_decode, "paged_decode", lambda *args: calls.append(1) or original(*args))
     worst = 0.0
     for graphs in ([], None):
-        engine = gpu_engine(wide_model, attention_backend="triton", page_size=page_size, cuda_graph_bs=graphs, **LONG)
+        engine = gpu_engine(gpu_target, wide_model, attention_backend="triton", page_size=page_size,
+                            cuda_graph_bs=graphs, **LONG)
         prompts = _prompts(engine.model_config.vocab_size)
         layout = PageLayout("shuffled", seed=page_size)
         gens = [generate(engine, [p], 6, layout, [chunk])[0] for p, chunk in zip(prompts, CHUNKS)]
@@ -105,5 +104,5 @@ def test_triton_decode_one_request_at_a_time_matches_hf64(
             assert 1 in engine.graph_runner.graphs and engine.attn_backend.decode_max_bs >= 1
         engine.shutdown()
         what = f"triton bs 1 {wide_model.name} page_size={page_size} graphs={graphs != []}"
-        worst = max(worst, *(max(check_against_hf64(wide_model, g, what)) for g in gens))
+        worst = max(worst, *(max(check_teacher_forced(oracle(wide_model), g, TOL, what)) for g in gens))
     record_property(f"max_logit_err_vs_hf64_triton_bs1_{wide_model.name}_ps{page_size}", round(worst, 5))

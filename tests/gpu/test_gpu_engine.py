@@ -13,6 +13,7 @@ from engine import Batch, Engine, EngineConfig, ForwardOutput, Req, SamplingPara
 from engine.kvcache import KVCachePool
 from engine.layers.linear import Linear, MergedLinear
 from oracle.drive import hand_passes
+from oracle.target import Target
 
 pytestmark = needs_cuda
 
@@ -29,8 +30,8 @@ def test_auto_picks_cuda_bf16_and_the_right_backend(tiny_models: dict[str, Path]
     wide.shutdown()
 
 
-def test_forward_runs_on_its_own_stream_with_a_real_event(wide_models: dict[str, Path]) -> None:
-    engine = gpu_engine(wide_models["qwen3"])
+def test_forward_runs_on_its_own_stream_with_a_real_event(gpu_target: Target, wide_models: dict[str, Path]) -> None:
+    engine = gpu_engine(gpu_target, wide_models["qwen3"])
     stream = engine.device.stream
     assert isinstance(stream, torch.cuda.Stream) and stream != torch.cuda.default_stream()
     prompt = torch.tensor(random_prompt(1, 9, 512), dtype=torch.int32)
@@ -46,10 +47,13 @@ def test_forward_runs_on_its_own_stream_with_a_real_event(wide_models: dict[str,
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_step_outputs_are_ordered_before_the_callers_stream(wide_models: dict[str, Path], phase: str) -> None:
+def test_step_outputs_are_ordered_before_the_callers_stream(
+    gpu_target: Target, wide_models: dict[str, Path], phase: str
+) -> None:
     """The engine's stream is held back by a long sleep; a read on the caller's stream straight after forward_batch
-    must still see the step's logits and tokens (eager prefill; decode replays a graph's static outputs)."""
-    engine = gpu_engine(wide_models["qwen3"])
+    must still see the step's logits and tokens (eager prefill; decode replays a graph's static outputs where the
+    target has graphs)."""
+    engine = gpu_engine(gpu_target, wide_models["qwen3"])
     prompt = torch.tensor(random_prompt(2, 9, 512), dtype=torch.int32)
     req = Req(prompt, 0, 0, 3, 0, SamplingParams(max_tokens=3))
     engine.page_table[0, :12] = torch.arange(12, dtype=torch.int32, device="cuda")
@@ -65,12 +69,12 @@ def test_step_outputs_are_ordered_before_the_callers_stream(wide_models: dict[st
     engine.shutdown()
 
 
-def test_kv_pool_is_planned_from_free_device_memory(wide_models: dict[str, Path]) -> None:
+def test_kv_pool_is_planned_from_free_device_memory(gpu_target: Target, wide_models: dict[str, Path]) -> None:
     free_before, _ = torch.cuda.mem_get_info()
     ratio = 0.02
-    engine = gpu_engine(wide_models["llama"], num_page_override=None, memory_ratio=ratio, page_size=16)
+    engine = gpu_engine(gpu_target, wide_models["llama"], num_page_override=None, memory_ratio=ratio, page_size=16)
     cfg = engine.model_config
-    per_page = KVCachePool.bytes_per_page(cfg.num_layers, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    per_page = KVCachePool.bytes_per_page(cfg.num_layers, 16, cfg.num_kv_heads, cfg.head_dim, gpu_target.torch_dtype)
     pool = engine.num_pages * per_page
     # The engine measures free memory itself, after this test's measurement: it can only have seen less.
     assert pool <= ratio * free_before
@@ -78,9 +82,9 @@ def test_kv_pool_is_planned_from_free_device_memory(wide_models: dict[str, Path]
     engine.shutdown()
 
 
-def test_the_torch_backend_serves_cuda_too(wide_models: dict[str, Path]) -> None:
+def test_the_torch_backend_serves_cuda_too(gpu_target: Target, wide_models: dict[str, Path]) -> None:
     """The fallback and reference backend: forced on a model FlashInfer could serve, in float16 as well."""
-    engine = gpu_engine(wide_models["qwen2"], attention_backend="torch", dtype="float16")
+    engine = gpu_engine(gpu_target, wide_models["qwen2"], attention_backend="torch", dtype="float16")
     assert engine.attn_backend.name == "torch" and engine.kv_cache.buffer.dtype == torch.float16
     assert not engine.graph_runner.enabled  # the torch backend cannot be captured
     prompt = random_prompt(2, 5, 512)
@@ -97,16 +101,18 @@ def test_the_torch_backend_serves_cuda_too(wide_models: dict[str, Path]) -> None
     [SamplingParams(max_tokens=4), SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=4)],
     ids=["greedy", "sampled"],
 )
-def test_a_pass_starts_without_waiting_for_the_device(wide_models: dict[str, Path], params: SamplingParams) -> None:
-    """prepare_batch and forward_batch of a prefill and of decode passes (graph replay, pending tokens read on the
-    device) never synchronize: torch's sync debug mode turns any synchronizing call into an error. Only result()
-    waits, and the tokens are those of a run that appends each token before the next pass."""
+def test_a_pass_starts_without_waiting_for_the_device(
+    gpu_target: Target, wide_models: dict[str, Path], params: SamplingParams
+) -> None:
+    """prepare_batch and forward_batch of a prefill and of decode passes (graph replay where the target has graphs,
+    pending tokens read on the device) never synchronize: torch's sync debug mode turns any synchronizing call into
+    an error. Only result() waits, and the tokens are those of a run that appends each token before the next pass."""
 
     def run(pipelined: bool) -> list[list[int]]:
-        engine = gpu_engine(wide_models["qwen3"])
+        engine = gpu_engine(gpu_target, wide_models["qwen3"])
         engine.page_table[:2, :16] = torch.arange(32, dtype=torch.int32, device="cuda").view(2, 16)
         reqs = [Req(random_prompt(i, 5 + i, 512), i, 0, 4, i, params) for i in range(2)]
-        assert engine.graph_runner.can_use_graph(Batch(reqs, "decode")) == HAS_FLASHINFER
+        assert engine.graph_runner.can_use_graph(Batch(reqs, "decode")) == engine.graph_runner.enabled
         torch.cuda.synchronize()
 
         def launch(batch: list[Req], phase: str) -> ForwardOutput:
@@ -124,11 +130,13 @@ def test_a_pass_starts_without_waiting_for_the_device(wide_models: dict[str, Pat
     assert run(pipelined=True) == run(pipelined=False)
 
 
-def test_narrowing_weights_are_column_major_with_bitwise_equal_products(wide_models: dict[str, Path]) -> None:
+def test_narrowing_weights_are_column_major_with_bitwise_equal_products(
+    gpu_target: Target, wide_models: dict[str, Path]
+) -> None:
     """With the torch layer kernels (cuBLAS), o_proj and down_proj keep their weights column-major on CUDA (a faster
     batch-1 GEMV); the products equal those of HF's row-major layout bit for bit, so parity with HF is untouched.
     The Triton kernels keep every weight row-major, which their own GEMV reads."""
-    engine = gpu_engine(wide_models["qwen3"], layer_kernels="torch")
+    engine = gpu_engine(gpu_target, wide_models["qwen3"], layer_kernels="torch")
     layer = engine.model.model.layers[0]
     linears = [m for m in engine.model.modules() if isinstance(m, Linear) and not isinstance(m, MergedLinear)]
     narrowing = [m for m in linears if m.weight.shape[1] > m.weight.shape[0]]
@@ -139,9 +147,9 @@ def test_narrowing_weights_are_column_major_with_bitwise_equal_products(wide_mod
     g = torch.Generator(device="cuda").manual_seed(0)
     for module in narrowing:
         for bs in (1, 8, 64):
-            x = torch.randn(bs, module.weight.shape[1], device="cuda", dtype=torch.bfloat16, generator=g)
+            x = torch.randn(bs, module.weight.shape[1], device="cuda", dtype=gpu_target.torch_dtype, generator=g)
             assert torch.equal(module(x, engine.ctx), torch.nn.functional.linear(x, module.weight.contiguous()))
     engine.shutdown()
-    triton = gpu_engine(wide_models["qwen3"], layer_kernels="triton")
+    triton = gpu_engine(gpu_target, wide_models["qwen3"], layer_kernels="triton")
     assert all(m.weight.is_contiguous() for m in triton.model.modules() if isinstance(m, Linear))
     triton.shutdown()

@@ -1,8 +1,8 @@
 """CUDA graphs: replay equals eager (batch sizes between captured ones too), padded rows are inert, a replay that
 skips an input copy is caught, and shutdown destroys the graphs.
 
-Graph and eager runs are both FlashInfer bf16 and differ only in padding and the decode plan, so they are held to
-the same bound as FlashInfer vs torch (test_gpu_attention.py).
+Graph and eager runs take the GPU target's backends (FlashInfer bf16 at cuda-bf16) and differ only in padding and
+the decode plan, so they are held to the same bound as FlashInfer vs torch (test_gpu_attention.py).
 """
 
 from __future__ import annotations
@@ -19,11 +19,23 @@ from engine import Batch, Engine, Req, SamplingParams
 from engine.driver import Generation, PageLayout
 from engine.graph import StepOutputs
 from oracle.mutants.catalogue import graph_positions_stale
+from oracle.target import Target
 
 pytestmark = needs_flashinfer
 
 GRAPH_BS = [1, 2, 4, 8]
 SENTINEL = 3.0  # written into every free KV slot: real K/V never equals it exactly
+
+
+@pytest.fixture(scope="module")
+def graph_target(gpu_target: Target, wide_models: dict[str, Path]) -> Target:
+    """The GPU target, where its attention backend can be captured: these tests turn graphs on and off themselves."""
+    engine = gpu_engine(gpu_target, wide_models["qwen3"], cuda_graph_bs=[1])
+    captured = engine.graph_runner.enabled
+    engine.shutdown()
+    if not captured:
+        pytest.skip(f"attention={gpu_target.attention} of target {gpu_target.name!r} cannot be captured")
+    return gpu_target
 
 
 def _count_replays(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -49,6 +61,7 @@ def _shrinking_batches(engine: Engine, layout: PageLayout, n: int) -> list[Gener
 # CUDA-core decode with the default sizes up to 16 ([1, 2, 4, 8, 16]); tensor-core decode with sizes up to 8.
 @pytest.mark.parametrize("name,n", [("llama", 16), ("llama_gqa3", 8)])
 def test_graph_replay_matches_eager(
+    graph_target: Target,
     wide_models: dict[str, Path],
     name: str,
     n: int,
@@ -56,13 +69,13 @@ def test_graph_replay_matches_eager(
     record_property: pytest.RecordProperty,
 ) -> None:
     layout = PageLayout("shuffled", seed=3)
-    graph_engine = gpu_engine(wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=None)
+    graph_engine = gpu_engine(graph_target, wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=None)
     captured = sorted(graph_engine.graph_runner.graphs)
     assert captured == [bs for bs in (1, 2, 4, 8, 16) if bs <= n]
     replays = _count_replays(graph_engine, monkeypatch)
     graphed = _shrinking_batches(graph_engine, layout, n)
     graph_engine.shutdown()
-    eager_engine = gpu_engine(wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=[])
+    eager_engine = gpu_engine(graph_target, wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=[])
     assert not eager_engine.graph_runner.enabled
     eager = _shrinking_batches(eager_engine, layout, n)
     eager_engine.shutdown()
@@ -127,9 +140,11 @@ def _padded_step(engine: Engine, poison_dummy: bool) -> tuple[torch.Tensor, dict
                                       "padded": torch.tensor(padded)}
 
 
-def test_padded_rows_are_inert(wide_models: dict[str, Path], record_property: pytest.RecordProperty) -> None:
+def test_padded_rows_are_inert(
+    graph_target: Target, wide_models: dict[str, Path], record_property: pytest.RecordProperty
+) -> None:
     model = wide_models["llama"]
-    graph_engine = gpu_engine(model, page_size=4, cuda_graph_bs=GRAPH_BS)
+    graph_engine = gpu_engine(graph_target, model, page_size=4, cuda_graph_bs=GRAPH_BS)
     logits, masks = _padded_step(graph_engine, poison_dummy=True)
     graph_engine.shutdown()
     assert int(masks["padded"]) == 4, "3 requests should pad to the captured size 4"
@@ -138,7 +153,7 @@ def test_padded_rows_are_inert(wide_models: dict[str, Path], record_property: py
     assert not stray.any(), f"slots {stray.nonzero().flatten().tolist()[:10]} changed outside the batch's writes"
     assert (changed & masks["writes"]).sum() == 3, "each real request writes its one new slot"
     assert not (changed & masks["fourth"]).any(), "the request outside the batch lost KV"
-    eager_engine = gpu_engine(model, page_size=4, cuda_graph_bs=[])
+    eager_engine = gpu_engine(graph_target, model, page_size=4, cuda_graph_bs=[])
     eager_logits, eager_masks = _padded_step(eager_engine, poison_dummy=False)
     eager_engine.shutdown()
     assert int(eager_masks["padded"]) == 3
@@ -149,7 +164,7 @@ def test_padded_rows_are_inert(wide_models: dict[str, Path], record_property: py
 
 
 def test_replay_that_skips_the_positions_copy_is_caught(
-    wide_models: dict[str, Path], record_property: pytest.RecordProperty
+    graph_target: Target, wide_models: dict[str, Path], record_property: pytest.RecordProperty
 ) -> None:
     """A mutant runner that copies the packed inputs but not their positions reuses the capture's zeros: the
     comparison must fail (or the slot checks refuse the step, whose stale positions write over cached KV)."""
@@ -158,7 +173,7 @@ def test_replay_that_skips_the_positions_copy_is_caught(
     prompts = [random_prompt(400 + i, 20 + 3 * i, vocab) for i in range(3)]
     runs = {}
     for label, graphs in (("eager", []), ("graph", GRAPH_BS), ("mutant", GRAPH_BS)):
-        engine = gpu_engine(model, cuda_graph_bs=graphs)
+        engine = gpu_engine(graph_target, model, cuda_graph_bs=graphs)
         with graph_positions_stale() if label == "mutant" else contextlib.nullcontext():
             runs[label] = generate(engine, prompts, 6)
         engine.shutdown()
@@ -173,8 +188,8 @@ def test_replay_that_skips_the_positions_copy_is_caught(
         record_property("mutant_refused", next(str(g.error) for g in mutant if g.error is not None)[:200])
 
 
-def test_shutdown_destroys_graphs(wide_models: dict[str, Path]) -> None:
-    engine = gpu_engine(wide_models["qwen3"], cuda_graph_bs=[1, 2])
+def test_shutdown_destroys_graphs(graph_target: Target, wide_models: dict[str, Path]) -> None:
+    engine = gpu_engine(graph_target, wide_models["qwen3"], cuda_graph_bs=[1, 2])
     assert sorted(engine.graph_runner.graphs) == [1, 2]
     engine.shutdown()
     assert engine.graph_runner.graphs == {} and engine.graph_runner.inputs is None

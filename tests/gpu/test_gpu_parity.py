@@ -1,5 +1,6 @@
-"""Greedy parity with HF in bf16 on CUDA: the zoo's tiny models (torch backend: head_dim 16), the head_dim-64 tiny
-models (FlashInfer with CUDA graphs) and SmolLM2-135M-Instruct where its directory is on this machine.
+"""Greedy parity with HF in bf16 on CUDA, on the GPU target: the zoo's tiny models (torch backend: head_dim 16), the
+tiny models at the target's head_dim (its backends: FlashInfer with CUDA graphs at cuda-bf16) and
+SmolLM2-135M-Instruct where its directory is on this machine.
 
 Two references, both with the bf16 near-tie rule (oracle.tolerance.LogitTolerance.near_tie):
 * HF bf16 `generate` on the same GPU: equal tokens up to the first near-tie;
@@ -18,18 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_support import (
-    TOL,
-    check_against_hf64,
-    generate,
-    gpu_engine,
-    hf_oracle,
-    needs_cuda,
-    random_prompt,
-    requires_flashinfer,
-)
+from gpu_support import TOL, generate, gpu_engine, needs_cuda, random_prompt, requires_flashinfer
 
-from oracle.checks import compare_greedy
+from oracle.checks import check_teacher_forced, compare_greedy
+from oracle.pytest_plugin import OraclePool
+from oracle.target import Target
 from oracle.tolerance import logits_error
 
 pytestmark = needs_cuda
@@ -38,13 +32,15 @@ NEW_TOKENS = 16
 SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
 
-def _check_parity(model: Path, prompts: list[list[int]], record_property: pytest.RecordProperty, **engine_kw: object
-                  ) -> None:
-    engine = gpu_engine(model, **engine_kw)
+def _check_parity(
+    target: Target, oracle: OraclePool, model: Path, prompts: list[list[int]], record_property: pytest.RecordProperty,
+    **engine_kw: object,
+) -> None:
+    engine = gpu_engine(target, model, **engine_kw)
     gens = generate(engine, prompts, NEW_TOKENS)
     backend = engine.attn_backend.name
     engine.shutdown()
-    hf_bf16, hf64 = hf_oracle(model, torch.bfloat16, "cuda"), hf_oracle(model)
+    hf_bf16, hf64 = oracle(model, torch.bfloat16, "cuda"), oracle(model)
     worst, worst_hf, diverged = 0.0, 0.0, 0
     for i, (prompt, gen) in enumerate(zip(prompts, gens)):
         what = f"{model.name} ({backend}) prompt {i}"
@@ -60,7 +56,7 @@ def _check_parity(model: Path, prompts: list[list[int]], record_property: pytest
             logits_error(a.float(), b)
             for a, b in zip(hf_bf16.teacher_forced_logits(tokens)[span], hf64.teacher_forced_logits(tokens)[span])
         ]
-        worst = max(worst, *check_against_hf64(model, gen, what, yardstick))
+        worst = max(worst, *check_teacher_forced(hf64, gen, TOL, what, yardstick))
         worst_hf = max(worst_hf, *yardstick)
     tag = f"{model.name}_{backend}_ps{engine_kw.get('page_size', 1)}"
     record_property(f"max_logit_err_vs_hf64_{tag}", round(worst, 5))
@@ -69,16 +65,22 @@ def _check_parity(model: Path, prompts: list[list[int]], record_property: pytest
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_tiny_models_match_hf_bf16(tiny_model: Path, page_size: int, record_property: pytest.RecordProperty) -> None:
+def test_tiny_models_match_hf_bf16(
+    gpu_target: Target, oracle: OraclePool, tiny_model: Path, page_size: int, record_property: pytest.RecordProperty
+) -> None:
+    """At head_dim 16, below FlashInfer's kernels: the torch attention backend, with the target's other parts."""
     prompts = [random_prompt(500 + i, n, 512) for i, n in enumerate((3, 17, 31))]
-    _check_parity(tiny_model, prompts, record_property, page_size=page_size)
+    _check_parity(gpu_target, oracle, tiny_model, prompts, record_property, page_size=page_size,
+                  attention_backend="torch")
 
 
 @requires_flashinfer
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_wide_models_match_hf_bf16(wide_model: Path, page_size: int, record_property: pytest.RecordProperty) -> None:
+def test_wide_models_match_hf_bf16(
+    gpu_target: Target, oracle: OraclePool, wide_model: Path, page_size: int, record_property: pytest.RecordProperty
+) -> None:
     prompts = [random_prompt(600 + i, n, 512) for i, n in enumerate((3, 17, 31))]
-    _check_parity(wide_model, prompts, record_property, page_size=page_size)
+    _check_parity(gpu_target, oracle, wide_model, prompts, record_property, page_size=page_size)
 
 
 def _smollm2_dir() -> Path | None:
@@ -91,7 +93,9 @@ def _smollm2_dir() -> Path | None:
 
 
 @requires_flashinfer
-def test_smollm2_matches_hf_bf16(record_property: pytest.RecordProperty) -> None:
+def test_smollm2_matches_hf_bf16(
+    gpu_target: Target, oracle: OraclePool, record_property: pytest.RecordProperty
+) -> None:
     model = _smollm2_dir()
     if model is None:
         pytest.skip(
@@ -102,4 +106,4 @@ def test_smollm2_matches_hf_bf16(record_property: pytest.RecordProperty) -> None
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [tokenizer.encode(p) for p in SMOLLM2_PROMPTS]
-    _check_parity(model, prompts, record_property, page_size=4, max_seq_len_override=512)
+    _check_parity(gpu_target, oracle, model, prompts, record_property, page_size=4, max_seq_len_override=512)

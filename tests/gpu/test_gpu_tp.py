@@ -1,6 +1,6 @@
-"""Tensor parallelism on two GPUs over NCCL: two ranks (cuda:0 and cuda:1, one process each, FlashInfer and CUDA
-graphs as the engine picks them) must generate what one GPU generates, greedy tokens equal up to the harness's
-near-tie rule and logits within its bf16 bound. Skipped without two GPUs (issue #14 needs nvidia-h200-x2)."""
+"""Tensor parallelism on two GPUs over NCCL: two ranks (cuda:0 and cuda:1, one process each, the GPU target's
+backends) must generate what one GPU generates, greedy tokens equal up to the harness's near-tie rule and logits
+within its bf16 bound. Skipped without two GPUs (issue #14 needs nvidia-h200-x2)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from gpu_support import TOL, generate, gpu_engine, random_prompt
 from engine import TPInfo
 from oracle.checks import compare_greedy
 from oracle.ranks import run_ranks
+from oracle.target import Target
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 PROMPTS = [random_prompt(seed, length, 512) for seed, length in ((1, 9), (2, 17), (3, 33))]
 MAX_TOKENS = 16
 
 
-def _rank_main(rank: int, port: int, model: str, out: mp.Queue) -> None:
-    engine = gpu_engine(Path(model), device="auto", tp_info=TPInfo(rank, 2), distributed_port=port)
+def _rank_main(rank: int, port: int, target: Target, model: str, out: mp.Queue) -> None:
+    engine = gpu_engine(target, Path(model), device="auto", tp_info=TPInfo(rank, 2), distributed_port=port)
     graphs = engine.graph_runner.enabled
     gens = generate(engine, PROMPTS, MAX_TOKENS)
     # Lists, not tensors: a tensor would travel as a handle that dies with this process.
@@ -31,13 +32,14 @@ def _rank_main(rank: int, port: int, model: str, out: mp.Queue) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
-def test_two_gpus_generate_what_one_does(wide_models: dict[str, Path], arch: str) -> None:
+def test_two_gpus_generate_what_one_does(gpu_target: Target, wide_models: dict[str, Path], arch: str) -> None:
     wide_model = wide_models[arch]
-    single = gpu_engine(wide_model)
+    single = gpu_engine(gpu_target, wide_model)
     expected = generate(single, PROMPTS, MAX_TOKENS)
     graphs = single.graph_runner.enabled
     single.shutdown()
-    for rank, (device, rank_graphs, gens) in run_ranks(_rank_main, 2, str(wide_model), timeout_s=300).items():
+    ranks = run_ranks(_rank_main, 2, gpu_target, str(wide_model), timeout_s=300)
+    for rank, (device, rank_graphs, gens) in ranks.items():
         assert device == f"cuda:{rank}" and rank_graphs == graphs
         for (tokens, logits), want in zip(gens, expected):
             rows = list(torch.tensor(logits))

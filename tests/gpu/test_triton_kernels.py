@@ -23,6 +23,7 @@ from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
 from engine.validate import Limits, SlotQuery
 from oracle.checks import compare_greedy
+from oracle.target import Target
 
 pytestmark = [
     *needs_cuda,
@@ -170,13 +171,13 @@ def test_store_kv_writes_the_same_slots(triton_kernels: LayerKernels) -> None:
     assert torch.equal(caches["triton"][0][loc.long()], k)
 
 
-def test_engine_kernels_agree(wide_models: dict[str, Path]) -> None:
+def test_engine_kernels_agree(gpu_target: Target, wide_models: dict[str, Path]) -> None:
     """The same qwen3 model (q/k norm, head_dim 64) with each kernel set: same greedy tokens (up to near-ties),
     logits within the harness's bf16 bound."""
     model = wide_models["qwen3"]
     outs = {}
     for name in ("torch", "triton"):
-        engine = gpu_engine(model, layer_kernels=name)
+        engine = gpu_engine(gpu_target, model, layer_kernels=name)
         assert engine.ctx.kernels.name == name
         prompt = random_prompt(11, 40, engine.model_config.vocab_size)
         outs[name] = generate(engine, [prompt], 12)[0]
