@@ -7,6 +7,7 @@ it requires (engine/registry.py), and a hybrid entry states which backend serves
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -33,20 +34,26 @@ def create_backend(
     return ATTENTION_BACKENDS.factory(name)(kv_cache, page_table, num_qo_heads, device)
 
 
-def hybrid(name: str, decode: BackendFactory, *routes: Route) -> BackendFactory:
-    """The factory of HybridAttnBackend `name`: `decode` and the first route whose rest is usable here."""
+@dataclass(frozen=True)
+class Hybrid:
+    """The factory of HybridAttnBackend `name`: a `decode` backend, and the rest on the first route usable here."""
 
-    def build(
-        kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
+    name: str
+    decode: BackendFactory
+    routes: tuple[Route, ...]
+
+    def __call__(
+        self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
     ) -> HybridAttnBackend:
         where = Where(device, kv_cache.buffer.dtype, kv_cache.head_dim)
-        route = next((r for r in routes if ATTENTION_BACKENDS.unusable(r.rest, where) is None), None)
+        reasons = {r.rest: ATTENTION_BACKENDS.unusable(r.rest, where) for r in self.routes}
+        route = next((r for r in self.routes if reasons[r.rest] is None), None)
         if route is None:
-            raise ConfigError(f"attention_backend={name!r}: none of its rest backends serves {where}")
+            why = "; ".join(f"{rest}: {reason}" for rest, reason in reasons.items())
+            raise ConfigError(f"attention_backend={self.name!r} cannot be used: no backend for its rest ({why})")
+        decode = self.decode(kv_cache, page_table, num_qo_heads, device)
         rest = create_backend(route.rest, kv_cache, page_table, num_qo_heads, device)
-        return HybridAttnBackend(name, decode(kv_cache, page_table, num_qo_heads, device), rest, route.decode_max_bs)
-
-    return build
+        return HybridAttnBackend(self.name, decode, rest, route.decode_max_bs)
 
 
 ATTENTION_BACKENDS.register("torch", lambda kv, table, heads, device: TorchAttnBackend(kv, table, heads))
@@ -62,7 +69,7 @@ ATTENTION_BACKENDS.register(
 # Triton decode up to DECODE_MAX_BS rows beside FlashInfer; beside torch, which has no graphs, every decode batch.
 ATTENTION_BACKENDS.register(
     "triton",
-    hybrid("triton", TritonDecodeBackend, Route("flashinfer", DECODE_MAX_BS), Route("torch", None)),
+    Hybrid("triton", TritonDecodeBackend, (Route("flashinfer", DECODE_MAX_BS), Route("torch", None))),
     Requires(
         devices=("cuda",), dtypes=(torch.bfloat16, torch.float16, torch.float32),
         head_dim=HeadDim("its decode kernel", 16, 256), package="triton",
@@ -75,11 +82,11 @@ __all__ = [
     "BaseAttnBackend",
     "BaseAttnMetadata",
     "FlashInferAttnBackend",
+    "Hybrid",
     "HybridAttnBackend",
     "Route",
     "TorchAttnBackend",
     "TritonDecodeBackend",
     "Where",
     "create_backend",
-    "hybrid",
 ]
