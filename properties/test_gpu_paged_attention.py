@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Engine
-from engine.attention.flashinfer_backend import flashinfer_installed
+from engine.device import flashinfer_installed
 from oracle.budget import examples
 from oracle.coverage import exercised, floors
 from oracle.drive import MAX_SEQ_LEN, TINY_VOCAB, run_requests

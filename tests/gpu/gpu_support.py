@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.attention.flashinfer_backend import flashinfer_installed
+from engine.device import flashinfer_installed
 from engine.driver import Generation, PageLayout, StaticDriver
 from oracle.pytest_plugin import OraclePool
 from oracle.tolerance import logit_tolerance, logits_error
