@@ -1,12 +1,8 @@
 """Registry: the one type behind every choice of implementation by name (attention backends, layer kernels, MoE
-backends, samplers), and the public way to plug in one's own.
-
-An entry is a factory plus what it requires (``Requires``: device types, dtypes, a head_dim rule, an installed
-package, and an ``extra`` check for anything else), which the registry alone evaluates: ``resolve("auto", where)``
-takes the first of the registry's preferred names that is usable here, else the reference (``torch``); an explicit
-name must be registered and usable, or it is a ConfigError naming the EngineConfig field and the reason. The
-implementations themselves trust it. Registering a name twice is an error unless ``replace=True``, so two plugins
-cannot silently shadow each other.
+backends, samplers) and the public way to plug in one's own. Each entry is a factory and its ``Requires``, which the
+registry alone evaluates (the implementations trust it): "auto" takes the first preferred name usable here, else the
+reference (``torch``); an explicit name that is unknown or cannot serve is a ConfigError naming the EngineConfig field
+and why; a name registered twice is an error unless ``replace=True``, so two plugins cannot silently shadow each other.
 
     from engine import ATTENTION_BACKENDS, Requires
     ATTENTION_BACKENDS.register("mine", lambda kv, table, heads, device: MyBackend(kv, table, heads),
