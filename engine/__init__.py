@@ -17,7 +17,7 @@ from .errors import (
 )
 from .layers.kernels import LAYER_KERNELS
 from .moe import MOE_BACKENDS
-from .registry import Registry, Where
+from .registry import Registry, Requires, Where
 from .sample import SAMPLERS
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "MOE_BACKENDS",
     "SAMPLERS",
     "Registry",
+    "Requires",
     "Where",
     "Batch",
     "CapacityError",

@@ -1,19 +1,18 @@
 """Registry: the one type behind every choice of implementation by name (attention backends, layer kernels, MoE
-backends), and the public way to plug in one's own.
+backends, samplers) and the public way to plug in one's own. Each entry is a factory and its ``Requires``, which the
+registry alone evaluates (the implementations trust it): "auto" takes the first preferred name usable here, else the
+reference (``torch``); an explicit name that is unknown or cannot serve is a ConfigError naming the EngineConfig field
+and why; a name registered twice is an error unless ``replace=True``, so two plugins cannot silently shadow each other.
 
-An entry is a factory plus an optional ``unusable(where) -> reason | None`` check. ``resolve("auto", where)`` takes
-the first of the registry's preferred names that is usable here, else the reference (``torch``); an explicit name
-must be registered and usable, or it is a ConfigError naming the EngineConfig field. Registering a name twice is an
-error unless ``replace=True``, so two plugins cannot silently shadow each other.
-
-    from engine import ATTENTION_BACKENDS
-    from engine.attention import TorchAttnBackend
-    ATTENTION_BACKENDS.register("mine", lambda kv, table, heads, device: MyBackend(kv, table, heads))
+    from engine import ATTENTION_BACKENDS, Requires
+    ATTENTION_BACKENDS.register("mine", lambda kv, table, heads, device: MyBackend(kv, table, heads),
+                                requires=Requires(devices=("cuda",)))
     Engine(EngineConfig(model, attention_backend="mine"))
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -25,6 +24,11 @@ from .errors import ConfigError
 F = TypeVar("F")
 
 REFERENCE = "torch"
+# How each optional package is had, for the message that says it is missing (others: pip install <name>).
+INSTALL_HINTS = {
+    "triton": "it comes with CUDA builds of torch",
+    "flashinfer": "pip install flashinfer-python; see docs/gpu.md",
+}
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,62 @@ class Where:
     head_dim: int
 
 
-Unusable = Callable[[Where], "str | None"]
+@dataclass(frozen=True)
+class HeadDim:
+    """A power-of-two head_dim in [low, high] (no upper bound where high is None), which `kernel` needs."""
+
+    kernel: str
+    low: int = 1
+    high: int | None = None
+
+    def reason(self, head_dim: int) -> str | None:
+        if self.low <= head_dim and (self.high is None or head_dim <= self.high) and not head_dim & (head_dim - 1):
+            return None
+        span = f" in [{self.low}, {self.high}]" if self.high is not None else f" of at least {self.low}"
+        return f"{self.kernel} needs a power-of-two head_dim{span}, got {head_dim}"
+
+
+def _listed(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+@dataclass(frozen=True)
+class Requires:
+    """What an implementation needs to serve a Where; None (the default of each field) asks nothing.
+
+    devices: device types ("cuda"); dtypes: the engine dtypes it serves; head_dim: its rule; package: an importable
+    package (never imported to find out); extra: any other check, where -> why not or None.
+    """
+
+    devices: tuple[str, ...] | None = None
+    dtypes: tuple[torch.dtype, ...] | None = None
+    head_dim: HeadDim | None = None
+    package: str | None = None
+    extra: Callable[[Where], str | None] | None = None
+
+    def reason(self, where: Where) -> str | None:
+        """Why it cannot serve `where`, or None."""
+        if self.devices is not None and where.device.type not in self.devices:
+            wanted = " or ".join(d.upper() for d in self.devices)
+            return f"it needs a {wanted} device, got {where.device}"
+        if self.dtypes is not None and where.dtype not in self.dtypes:
+            names = [str(d).removeprefix("torch.") for d in self.dtypes]
+            return f"it serves {_listed(names)}, got {where.dtype}"
+        if self.head_dim is not None and (reason := self.head_dim.reason(where.head_dim)) is not None:
+            return reason
+        if self.package is not None and importlib.util.find_spec(self.package) is None:
+            hint = INSTALL_HINTS.get(self.package, f"pip install {self.package}")
+            return f"the {self.package} package is not installed ({hint})"
+        return None if self.extra is None else self.extra(where)
+
+
+ANYWHERE = Requires()
 
 
 @dataclass(frozen=True)
 class Entry(Generic[F]):
     factory: F
-    unusable: Unusable | None = None
-
-    def reason(self, where: Where) -> str | None:
-        return None if self.unusable is None else self.unusable(where)
+    requires: Requires = ANYWHERE
 
 
 class Registry(Generic[F]):
@@ -55,13 +105,13 @@ class Registry(Generic[F]):
         self.preferred = tuple(preferred)
         self._entries: dict[str, Entry[F]] = {}
 
-    def register(self, name: str, factory: F, unusable: Unusable | None = None, replace: bool = False) -> None:
-        """Add `name`; unusable(where) returns why it cannot serve there, or None."""
+    def register(self, name: str, factory: F, requires: Requires = ANYWHERE, replace: bool = False) -> None:
+        """Add `name`, usable wherever `requires` holds."""
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"{self.option}: {name!r} cannot be registered; use a non-empty name other than 'auto'")
         if name in self._entries and not replace:
             raise ConfigError(f"{self.option}={name!r} is already registered; pass replace=True to override it")
-        self._entries[name] = Entry(factory, unusable)
+        self._entries[name] = Entry(factory, requires)
 
     def unregister(self, name: str) -> None:
         if name == REFERENCE:
@@ -77,24 +127,26 @@ class Registry(Generic[F]):
 
     def unusable(self, name: str, where: Where) -> str | None:
         """Why `name` cannot serve at `where` (unknown names included), or None."""
-        if name not in self._entries:
-            return f"{self.option}={name!r} is unknown; known: {', '.join(self.names())}"
-        return self._entries[name].reason(where)
+        return self._unknown(name) if name not in self._entries else self._entries[name].requires.reason(where)
 
     def resolve(self, name: str, where: Where) -> str:
         if not isinstance(name, str):
             raise ConfigError(f"{self.option}={name!r} is invalid: use a string, e.g. 'auto'")
         if name == "auto":
-            usable = [n for n in self.preferred if n in self._entries and self._entries[n].reason(where) is None]
+            usable = [n for n in self.preferred if n in self and self.unusable(n, where) is None]
             return usable[0] if usable else REFERENCE
-        if name not in self._entries:
-            raise ConfigError(f"{self.option}={name!r} is unknown; known: {', '.join(self.names())}")
-        reason = self._entries[name].reason(where)
+        reason = self._entry(name).requires.reason(where)
         if reason is not None:
             raise ConfigError(f"{self.option}={name!r} cannot be used: {reason}; use '{REFERENCE}' or 'auto'")
         return name
 
     def factory(self, name: str) -> F:
+        return self._entry(name).factory
+
+    def _unknown(self, name: str) -> str:
+        return f"{self.option}={name!r} is unknown; known: {', '.join(self.names())}"
+
+    def _entry(self, name: str) -> Entry[F]:
         if name not in self._entries:
-            raise ConfigError(f"{self.option}={name!r} is unknown; known: {', '.join(self.names())}")
-        return self._entries[name].factory
+            raise ConfigError(self._unknown(name))
+        return self._entries[name]

@@ -16,7 +16,7 @@ import torch
 from .core import Batch, Req
 from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
-from .registry import Registry, Where
+from .registry import Registry, Requires
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
 # Philox offset advance per FlashInfer draw: each rejection round takes one number of the row's stream, so
@@ -350,14 +350,6 @@ def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Te
     return (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
 
 
-def flashinfer_sampling_unusable(where: Where) -> str | None:
-    if where.device.type != "cuda":
-        return f"it needs a CUDA device, got {where.device}"
-    if not flashinfer_installed():
-        return "the flashinfer package is not installed (pip install flashinfer-python; see docs/gpu.md)"
-    return None
-
-
 class SamplerFactory(Protocol):
     """What SAMPLERS holds: (device, vocab size, engine seed or None for a random one) → a BaseSampler."""
 
@@ -370,5 +362,5 @@ SAMPLERS.register("torch", lambda device, vocab, seed: Sampler(device, vocab, se
 SAMPLERS.register(
     "flashinfer",
     lambda device, vocab, seed: Sampler(device, vocab, seed, use_flashinfer=True),
-    flashinfer_sampling_unusable,
+    Requires(devices=("cuda",), package="flashinfer"),
 )

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, MOE_BACKENDS, SAMPLERS
-from engine.registry import Registry, Unusable
+from engine.registry import ANYWHERE, Registry, Requires
 
 from .plugins import PluginError
 
@@ -38,8 +38,8 @@ def blaming(plugin: str) -> Iterator[None]:
     def register_for(registry: Registry[Any]) -> Callable[..., None]:
         original = registry.register
 
-        def register(name: str, factory: Any, unusable: Unusable | None = None, replace: bool = False) -> None:
-            original(name, guarded(plugin, registry.option, name, factory), unusable, replace)
+        def register(name: str, factory: Any, requires: Requires = ANYWHERE, replace: bool = False) -> None:
+            original(name, guarded(plugin, registry.option, name, factory), requires, replace)
 
         return register
 

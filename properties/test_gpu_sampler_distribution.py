@@ -26,7 +26,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from engine import Batch, Req, SamplingParams
-from engine.attention.flashinfer_backend import flashinfer_installed
+from engine.device import flashinfer_installed
 from engine.sample import Sampler
 from oracle.budget import examples
 from oracle.sampler import reference_distribution

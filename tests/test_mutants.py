@@ -22,7 +22,7 @@ import engine.engine as engine_module
 import engine.models.config as model_config_module
 from engine import sample, validate
 from engine.attention import flashinfer_backend, torch_backend
-from engine.attention.triton_backend import TritonAttnBackend
+from engine.attention.triton_backend import TritonDecodeBackend
 from engine.driver import Pages, StaticDriver
 from engine.driver.loop import Loop
 from engine.driver.requests import Requests
@@ -53,7 +53,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     Loop,
     sample,
     GraphRunner,
-    TritonAttnBackend,
+    TritonDecodeBackend,
     flashinfer_backend,
     engine_module,
     model_config_module,

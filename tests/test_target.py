@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import ATTENTION_BACKENDS, ConfigError, Engine, Registry, Where
+from engine import ATTENTION_BACKENDS, ConfigError, Engine, Registry, Requires, Where
 from engine.attention import TorchAttnBackend
 from oracle.plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from oracle.target import PRESETS, TARGET_ENV, TargetError, from_env, parse
@@ -134,10 +134,10 @@ def test_engine_config_carries_every_choice(tiny_models: dict[str, Path]) -> Non
 def test_registry_rules() -> None:
     reg: Registry[str] = Registry("thing", preferred=("fast",))
     reg.register("torch", "reference")
-    reg.register("fast", "quick", unusable=lambda w: None if w.device.type == "cuda" else "it needs CUDA")
+    reg.register("fast", "quick", requires=Requires(devices=("cuda",)))
     assert reg.resolve("auto", CPU32) == "torch"  # the preferred one cannot serve here
     assert reg.resolve("auto", Where(torch.device("cuda"), torch.bfloat16, 64)) == "fast"
-    with pytest.raises(ConfigError, match="thing='fast' cannot be used: it needs CUDA"):
+    with pytest.raises(ConfigError, match="thing='fast' cannot be used: it needs a CUDA device, got cpu"):
         reg.resolve("fast", CPU32)
     with pytest.raises(ConfigError, match="thing='slow' is unknown; known: auto, fast, torch"):
         reg.resolve("slow", CPU32)

@@ -1,32 +1,31 @@
 """Attention backends and ATTENTION_BACKENDS, the registry that picks one by name (EngineConfig.attention_backend).
 
-A factory takes (kv_cache, page_table, num_qo_heads, device) and returns a BaseAttnBackend.
+A factory takes (kv_cache, page_table, num_qo_heads, device) and returns a BaseAttnBackend; each entry states what
+it requires (engine/registry.py), and a hybrid entry states which backend serves which batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from ..errors import ConfigError
 from ..kvcache.pool import KVCachePool
-from ..registry import Registry, Where
+from ..registry import HeadDim, Registry, Requires, Where
 from .base import BaseAttnBackend, BaseAttnMetadata
-from .flashinfer_backend import FlashInferAttnBackend, unsupported_reason
+from .flashinfer_backend import FlashInferAttnBackend
+from .hybrid import HybridAttnBackend, Route
 from .torch_backend import TorchAttnBackend
-from .triton_backend import TritonAttnBackend
-from .triton_backend import unsupported_reason as triton_unsupported_reason
+from .triton_backend import TritonDecodeBackend
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
+# Already at bs 4 FlashInfer's graphs step faster than Triton decode, plan and all (RESULTS.md, H200).
+DECODE_MAX_BS = 1
+
 ATTENTION_BACKENDS: Registry[BackendFactory] = Registry("attention_backend", preferred=("flashinfer",))
-ATTENTION_BACKENDS.register("torch", lambda kv, table, heads, device: TorchAttnBackend(kv, table, heads))
-ATTENTION_BACKENDS.register(
-    "flashinfer", FlashInferAttnBackend, lambda w: unsupported_reason(w.device, w.dtype, w.head_dim)
-)
-ATTENTION_BACKENDS.register(
-    "triton", TritonAttnBackend, lambda w: triton_unsupported_reason(w.device, w.dtype, w.head_dim)
-)
 
 
 def create_backend(
@@ -35,14 +34,59 @@ def create_backend(
     return ATTENTION_BACKENDS.factory(name)(kv_cache, page_table, num_qo_heads, device)
 
 
+@dataclass(frozen=True)
+class Hybrid:
+    """The factory of HybridAttnBackend `name`: a `decode` backend, and the rest on the first route usable here."""
+
+    name: str
+    decode: BackendFactory
+    routes: tuple[Route, ...]
+
+    def __call__(
+        self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
+    ) -> HybridAttnBackend:
+        where = Where(device, kv_cache.buffer.dtype, kv_cache.head_dim)
+        reasons = {r.rest: ATTENTION_BACKENDS.unusable(r.rest, where) for r in self.routes}
+        route = next((r for r in self.routes if reasons[r.rest] is None), None)
+        if route is None:
+            why = "; ".join(f"{rest}: {reason}" for rest, reason in reasons.items())
+            raise ConfigError(f"attention_backend={self.name!r} cannot be used: no backend for its rest ({why})")
+        decode = self.decode(kv_cache, page_table, num_qo_heads, device)
+        rest = create_backend(route.rest, kv_cache, page_table, num_qo_heads, device)
+        return HybridAttnBackend(self.name, decode, rest, route.decode_max_bs)
+
+
+ATTENTION_BACKENDS.register("torch", lambda kv, table, heads, device: TorchAttnBackend(kv, table, heads))
+ATTENTION_BACKENDS.register(
+    "flashinfer",
+    FlashInferAttnBackend,
+    # Its kernels are compiled for head_dim 64, 128 and 256 (the prefill tiles need >= 64).
+    Requires(
+        devices=("cuda",), dtypes=(torch.bfloat16, torch.float16), head_dim=HeadDim("its prefill kernel", 64, 256),
+        package="flashinfer",
+    ),
+)
+# Triton decode up to DECODE_MAX_BS rows beside FlashInfer; beside torch, which has no graphs, every decode batch.
+ATTENTION_BACKENDS.register(
+    "triton",
+    Hybrid("triton", TritonDecodeBackend, (Route("flashinfer", DECODE_MAX_BS), Route("torch", None))),
+    Requires(
+        devices=("cuda",), dtypes=(torch.bfloat16, torch.float16, torch.float32),
+        head_dim=HeadDim("its decode kernel", 16, 256), package="triton",
+    ),
+)
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "BackendFactory",
     "BaseAttnBackend",
     "BaseAttnMetadata",
     "FlashInferAttnBackend",
+    "Hybrid",
+    "HybridAttnBackend",
+    "Route",
     "TorchAttnBackend",
-    "TritonAttnBackend",
+    "TritonDecodeBackend",
     "Where",
     "create_backend",
 ]

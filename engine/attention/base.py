@@ -14,13 +14,6 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..core import Batch, Context
-from ..errors import ConfigError
-
-
-def require_supported(name: str, reason: str | None) -> None:
-    """Raise ConfigError naming backend `name` when `reason` says why it cannot serve this engine."""
-    if reason is not None:
-        raise ConfigError(f"attention_backend={name!r} cannot be used: {reason}")
 
 
 class BaseAttnMetadata(ABC):
@@ -46,6 +39,10 @@ class BaseAttnBackend(ABC):
 
         q: [tokens, qo_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns [tokens, qo_heads, head_dim].
         """
+
+    def describe(self) -> str:
+        """Which backend serves which batches (a hybrid's routes), for reports."""
+        return self.name
 
     def delegate(self, batch: Batch) -> str | None:
         """The name of the backend this one hands `batch` to, or None where it runs the batch itself (the op-level

@@ -28,30 +28,14 @@ from typing import Any
 import torch
 
 from ..core import Batch, Context, Req
-from ..device import flashinfer_installed, upload
+from ..device import upload
 from ..kvcache.pool import KVCachePool
-from .base import BaseAttnBackend, BaseAttnMetadata, require_supported
+from .base import BaseAttnBackend, BaseAttnMetadata
 
-# FlashInfer's attention kernels are compiled for these head dims (its prefill tiles need head_dim >= 64).
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # GQA group sizes the CUDA-core decode kernel serves well; any other size runs decode on the tensor-core
 # (prefill) kernels, which take every group size.
 CUDA_CORE_DECODE_GROUPS = (1, 2, 4, 8)
 WORKSPACE_BYTES = 128 * 1024 * 1024
-
-
-def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why FlashInfer cannot serve this configuration, or None if it can."""
-    if device.type != "cuda":
-        return f"it needs a CUDA device, got {device}"
-    if dtype not in SUPPORTED_DTYPES:
-        return f"it needs bfloat16 or float16, got {dtype}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"head_dim={head_dim} is not one of its kernels' {SUPPORTED_HEAD_DIMS}"
-    if not flashinfer_installed():
-        return "the flashinfer package is not installed (pip install flashinfer-python; see docs/gpu.md)"
-    return None
 
 
 @dataclass
@@ -133,7 +117,6 @@ class FlashInferAttnBackend(BaseAttnBackend):
     def __init__(
         self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
     ) -> None:
-        require_supported(self.name, unsupported_reason(device, kv_cache.buffer.dtype, kv_cache.head_dim))
         import flashinfer
 
         self._fi = flashinfer

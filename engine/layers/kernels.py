@@ -12,7 +12,6 @@ small-batch step (3.9 ms of device time for the Qwen3-0.6B shape at bs 1 on an H
 
 from __future__ import annotations
 
-import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import ModuleType
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..registry import Registry
+from ..registry import HeadDim, Registry, Requires
 from ..sample import greedy_tokens
 from ..validate import Limits, SlotQuery, redirected_slots
 from .activation import silu_and_mul
@@ -230,23 +229,14 @@ class TritonKernels(LayerKernels):
         return None
 
 
-_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def triton_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    if device.type != "cuda":
-        return f"it needs a CUDA device, got {device}"
-    if dtype not in _TRITON_DTYPES:
-        return f"it serves float32, bfloat16 and float16, got {dtype}"
-    if head_dim < 2 or head_dim & (head_dim - 1):
-        return f"its RoPE kernel needs a power-of-two head_dim, got {head_dim}"
-    if importlib.util.find_spec("triton") is None:
-        return "the triton package is not installed (it comes with CUDA builds of torch)"
-    return None
-
-
 LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
 """Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
-LAYER_KERNELS.register("triton", TritonKernels, lambda w: triton_unsupported_reason(w.device, w.dtype, w.head_dim))
-
+LAYER_KERNELS.register(
+    "triton",
+    TritonKernels,
+    Requires(
+        devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        head_dim=HeadDim("its RoPE kernel", 2), package="triton",
+    ),
+)

@@ -28,7 +28,7 @@ import engine.models.config as model_config_module
 from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.torch_backend import TorchAttnBackend
-from engine.attention.triton_backend import TritonAttnBackend, TritonDecodeMetadata
+from engine.attention.triton_backend import TritonDecodeBackend, TritonDecodeMetadata
 from engine.core import Batch, Context, Phase, Req, SamplingParams
 from engine.driver import Generation, Pages, RequestState, StaticDriver
 from engine.driver.loop import Launch, Loop
@@ -58,7 +58,7 @@ _ORIGINAL_LAND = Loop.land
 _ORIGINAL_PACK_INPUTS = engine_module.pack_inputs
 _ORIGINAL_UNPACK_INPUTS = engine_module.unpack_inputs
 _ORIGINAL_LOAD_INPUTS = GraphRunner.load_inputs
-_ORIGINAL_TRITON_GRAPH_METADATA = TritonAttnBackend.graph_metadata
+_ORIGINAL_TRITON_GRAPH_METADATA = TritonDecodeBackend.graph_metadata
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 _ORIGINAL_GENERATION_EOS = model_config_module.generation_eos
 
@@ -554,7 +554,7 @@ def graph_positions_stale() -> contextlib.AbstractContextManager[None]:
     return _swap(GraphRunner, "load_inputs", _load_inputs_keeping_positions)
 
 
-def _triton_lengths_of_capture(self: TritonAttnBackend, batch: Batch) -> None:
+def _triton_lengths_of_capture(self: TritonDecodeBackend, batch: Batch) -> None:
     """The Triton decode lengths are fixed when the graph is captured (its dummy requests' one token) instead of
     computed from each replay's positions."""
     _ORIGINAL_TRITON_GRAPH_METADATA(self, batch)
@@ -564,7 +564,7 @@ def _triton_lengths_of_capture(self: TritonAttnBackend, batch: Batch) -> None:
 
 
 def triton_decode_lengths_frozen() -> contextlib.AbstractContextManager[None]:
-    return _swap(TritonAttnBackend, "graph_metadata", _triton_lengths_of_capture)
+    return _swap(TritonDecodeBackend, "graph_metadata", _triton_lengths_of_capture)
 
 
 @contextlib.contextmanager

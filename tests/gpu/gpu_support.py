@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from engine import Engine, SamplingParams
-from engine.attention.flashinfer_backend import flashinfer_installed
+from engine.device import flashinfer_installed
 from engine.driver import Generation, PageLayout, StaticDriver
 from oracle.target import Target
 from oracle.tolerance import logit_tolerance

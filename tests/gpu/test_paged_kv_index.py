@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from engine import ConfigError, Engine, EngineConfig, Req, SamplingParams
 from engine.attention import ATTENTION_BACKENDS, Where
-from engine.attention.flashinfer_backend import build_paged_kv_index, graph_page_ids, kv_page_ids, unsupported_reason
-from engine.attention.triton_backend import unsupported_reason as triton_unsupported_reason
+from engine.attention.flashinfer_backend import build_paged_kv_index, graph_page_ids, kv_page_ids
 from engine.sample import Sampler
 
 
@@ -74,11 +73,12 @@ def test_index_and_page_ids_describe_the_page_table(page_size: int, lengths: lis
 
 def test_flashinfer_is_refused_clearly_without_cuda() -> None:
     cpu = torch.device("cpu")
-    assert unsupported_reason(cpu, torch.bfloat16, 64) is not None
+    assert ATTENTION_BACKENDS.unusable("flashinfer", Where(cpu, torch.bfloat16, 64)) is not None
     assert ATTENTION_BACKENDS.resolve("auto", Where(cpu, torch.float32, 64)) == "torch"
     with pytest.raises(ConfigError, match="flashinfer"):
         ATTENTION_BACKENDS.resolve("flashinfer", Where(cpu, torch.bfloat16, 64))
-    assert "head_dim=16" in (unsupported_reason(torch.device("cuda"), torch.bfloat16, 16) or "")
+    cuda16 = Where(torch.device("cuda"), torch.bfloat16, 16)
+    assert "head_dim in [64, 256], got 16" in (ATTENTION_BACKENDS.unusable("flashinfer", cuda16) or "")
     with pytest.raises(ConfigError, match="FlashInfer sampling"):
         Sampler(cpu, 32, seed=0, use_flashinfer=True)
     assert not Sampler(cpu, 32, seed=0).use_flashinfer
@@ -95,9 +95,9 @@ def test_engine_refuses_flashinfer_on_cpu_and_keeps_graphs_off(tiny_models: dict
 
 
 def test_triton_attention_is_refused_clearly_where_it_cannot_run(tiny_models: dict[str, object]) -> None:
-    cuda = torch.device("cuda")
-    assert "CUDA device" in (triton_unsupported_reason(torch.device("cpu"), torch.bfloat16, 64) or "")
-    assert "head_dim" in (triton_unsupported_reason(cuda, torch.bfloat16, 96) or "")
-    assert "float16" in (triton_unsupported_reason(cuda, torch.float64, 64) or "")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "CUDA device" in (ATTENTION_BACKENDS.unusable("triton", Where(cpu, torch.bfloat16, 64)) or "")
+    assert "head_dim" in (ATTENTION_BACKENDS.unusable("triton", Where(cuda, torch.bfloat16, 96)) or "")
+    assert "float16" in (ATTENTION_BACKENDS.unusable("triton", Where(cuda, torch.float64, 64)) or "")
     with pytest.raises(ConfigError, match="attention_backend='triton' cannot be used: it needs a CUDA device"):
         Engine(EngineConfig(str(tiny_models["llama"]), device="cpu", attention_backend="triton", num_page_override=8))

@@ -17,10 +17,11 @@ from gpu_support import TOL, generate, gpu_engine, needs_cuda, random_prompt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, triton_unsupported_reason
+from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
+from engine.registry import Where
 from engine.validate import Limits, SlotQuery
 from oracle.checks import compare_greedy
 from oracle.target import Target
@@ -29,7 +30,7 @@ pytestmark = [
     *needs_cuda,
     pytest.mark.skipif(
         not torch.cuda.is_available()
-        or triton_unsupported_reason(torch.device("cuda"), torch.bfloat16, 128) is not None,
+        or LAYER_KERNELS.unusable("triton", Where(torch.device("cuda"), torch.bfloat16, 128)) is not None,
         reason="needs CUDA and triton",
     ),
 ]
