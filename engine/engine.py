@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from .attention import ATTENTION_BACKENDS, create_backend
-from .config import EngineConfig
 from .checks import checked_seed
+from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
-from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device, upload
+from .device import CPU_THREADS, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
@@ -255,22 +255,25 @@ class Engine:
         """
         self.check_open()
         with self.exclusive("prepare_batch"):
-            targets = None if ends is None else check_ends(reqs, ends)
+            if ends is None:
+                return self._prepare_batch(reqs, phase, None)
+            targets = check_ends(reqs, ends)
             spans = [(r.cached_len, r.device_len) for r in reqs]
             try:
-                for req, end in zip(reqs, targets or ()):
+                for req, end in zip(reqs, targets):
                     req.device_len = end
-                return self._prepare_batch(list(reqs), phase, spans)
+                return self._prepare_batch(reqs, phase, spans)
             except BaseException:
                 for req, (_, device_len) in zip(reqs, spans):
                     req.device_len = device_len
                 raise
 
     def _prepare_batch(
-        self, reqs: list[Req], phase: Phase, spans: list[tuple[int, int]]
+        self, reqs: Sequence[Req], phase: Phase, spans: list[tuple[int, int]] | None
     ) -> tuple[Batch, BatchSamplingArgs]:
         validate_batch(reqs, phase, self.limits, self.live_rows)
-        batch = Batch(reqs, phase, spans=spans, ends=[r.device_len for r in reqs])
+        now = [(r.cached_len, r.device_len) for r in reqs]
+        batch = Batch(list(reqs), phase, spans=now if spans is None else spans, ends=[end for _, end in now])
         self.graph_runner.pad_batch(batch)
         decode = phase == "decode"
         if self.graph_runner.can_use_graph(batch):

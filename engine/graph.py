@@ -16,8 +16,10 @@ captured, the runner is disabled: pad_batch leaves the batch as it is and every 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,6 +42,7 @@ class StepOutputs:
 
 # (packed inputs on the device, their layout, the batch whose metadata the backend set, greedy) -> the step's outputs
 StepFn = Callable[[torch.Tensor, InputLayout, Batch, bool], StepOutputs]
+Pool = Any  # a CUDA graph memory pool's handle (torch.cuda._POOL_HANDLE)
 # padded size -> the packed inputs of a batch of padding rows only (host) and their layout
 PackFn = Callable[[int], tuple[torch.Tensor, InputLayout]]
 
@@ -92,7 +95,7 @@ class GraphRunner:
         self, step: StepFn, pack: PackFn, backend: BaseAttnBackend, stream: torch.cuda.Stream, max_seq_len: int,
         device: torch.device,
     ) -> None:
-        """Capture one decode step per size in bs_list, on `stream`, sharing one memory pool."""
+        """Capture a decode step's two variants per size in bs_list, on `stream`, sharing one memory pool."""
         if not self.enabled:
             return
         padding = {bs: pack(bs) for bs in self.bs_list}
@@ -100,7 +103,7 @@ class GraphRunner:
                                   device=device)
         backend.init_capture_graph(max_seq_len, self.bs_list)
         self._backend = backend
-        pool = None
+        pool: Pool | None = None
         stream.wait_stream(torch.cuda.current_stream(device))  # the weights, KV pool and page table are set up there
         with torch.cuda.stream(stream):
             for bs in reversed(self.bs_list):
@@ -109,31 +112,24 @@ class GraphRunner:
                 packed.copy_(host)
                 batch = Batch([self.dummy_req] * bs, "decode")
                 backend.prepare_for_capture(batch)
-                self.graphs[bs], self.outputs[bs], pool = self._capture_one(
-                    lambda: step(packed, layout, batch, True), stream, pool
-                )
-                greedy_logits = self.outputs[bs].logits
-
-                def sampled() -> StepOutputs:
-                    out = step(packed, layout, batch, False)
-                    greedy_logits.copy_(out.logits)
-                    return StepOutputs(greedy_logits, out.inputs)
-
-                self.sampled_graphs[bs], self.sampled_outputs[bs], pool = self._capture_one(sampled, stream, pool)
+                pool = self._capture_size(bs, functools.partial(step, packed, layout, batch), stream, pool)
                 self.layouts[bs] = layout
         stream.synchronize()
 
-    @staticmethod
-    def _capture_one(
-        run: Callable[[], StepOutputs], stream: torch.cuda.Stream, pool: tuple[int, int] | None
-    ) -> tuple[torch.cuda.CUDAGraph, StepOutputs, tuple[int, int]]:
-        """Warm up (lazy inits must not land in the graph), then capture run into the shared pool."""
-        run()
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            out = run()
-        return graph, out, graph.pool() if pool is None else pool
+    def _capture_size(
+        self, bs: int, step: Callable[[bool], StepOutputs], stream: torch.cuda.Stream, pool: Pool | None
+    ) -> Pool:
+        """Both variants of one size; the sampled one writes its logits into the greedy one's."""
+        self.graphs[bs], self.outputs[bs], pool = _capture(functools.partial(step, True), stream, pool)
+        logits = self.outputs[bs].logits
+
+        def sampled() -> StepOutputs:
+            out = step(False)
+            logits.copy_(out.logits)
+            return StepOutputs(logits, out.inputs)
+
+        self.sampled_graphs[bs], self.sampled_outputs[bs], pool = _capture(sampled, stream, pool)
+        return pool
 
     def load_inputs(self, batch: Batch) -> None:
         """Copy the batch's packed inputs (host, the graph's layout) into the static buffer."""
@@ -166,3 +162,15 @@ class GraphRunner:
         self.layouts.clear()
         self.inputs = None
         self._backend = None
+
+
+def _capture(
+    run: Callable[[], StepOutputs], stream: torch.cuda.Stream, pool: Pool | None
+) -> tuple[torch.cuda.CUDAGraph, StepOutputs, Pool]:
+    """Warm up (lazy inits must not land in the graph), then capture run into the shared pool."""
+    run()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = run()
+    return graph, out, graph.pool() if pool is None else pool
