@@ -173,11 +173,10 @@ class Batch:
     # which the graph turns into the tensors above itself; None for an eager pass, whose tensors prepare_batch builds.
     packed_inputs: tuple[torch.Tensor, InputLayout] | None = None
     attn_metadata: BaseAttnMetadata | None = None
-    # (cached_len, device_len) of each request before prepare_batch changed anything: what a step's undo restores.
+    # (cached_len, device_len) of each request when prepare_batch built the batch: forward_batch runs it only while
+    # they still hold (so a batch cannot run twice), and a step's undo puts them back.
     spans: list[tuple[int, int]] = field(default_factory=list)
-    # The device_len each request runs to; forward_batch runs the batch only while (cached_len, end) still hold,
-    # so a batch cannot run twice.
-    ends: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # the device_len each request runs to (forward_batch sets it)
 
     def __post_init__(self) -> None:
         if not self.padded_reqs:

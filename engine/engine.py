@@ -249,31 +249,30 @@ class Engine:
         """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args. A
         decode batch that fits a captured graph gets only its packed inputs (the graph builds the rest).
 
-        ends: each request's device_len for this pass, set here once it is checked (None: the requests' own).
-        Batch.spans keeps what they were before, which the step's undo restores; a refused call changes nothing.
-        The page table rows of every request must already hold slots for [0, device_len).
+        ends: each request's device_len for this pass (None: the requests' own). The requests are left as they are
+        here; forward_batch sets each device_len to its end as it runs the batch, and the step's undo puts back
+        Batch.spans, the lengths before. The page table rows of every request must hold slots for [0, end).
         """
         self.check_open()
         with self.exclusive("prepare_batch"):
             if ends is None:
-                return self._prepare_batch(reqs, phase, None)
+                return self._prepare_batch(reqs, phase)
             targets = check_ends(reqs, ends)
-            spans = [(r.cached_len, r.device_len) for r in reqs]
-            try:
+            lengths = [r.device_len for r in reqs]
+            try:  # checked and packed at the ends, then put back
                 for req, end in zip(reqs, targets):
                     req.device_len = end
-                return self._prepare_batch(reqs, phase, spans)
-            except BaseException:
-                for req, (_, device_len) in zip(reqs, spans):
+                batch, args = self._prepare_batch(reqs, phase)
+            finally:
+                for req, device_len in zip(reqs, lengths):
                     req.device_len = device_len
-                raise
+            batch.spans = [(cached_len, device_len) for (cached_len, _), device_len in zip(batch.spans, lengths)]
+            return batch, args
 
-    def _prepare_batch(
-        self, reqs: Sequence[Req], phase: Phase, spans: list[tuple[int, int]] | None
-    ) -> tuple[Batch, BatchSamplingArgs]:
+    def _prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
         validate_batch(reqs, phase, self.limits, self.live_rows)
-        now = [(r.cached_len, r.device_len) for r in reqs]
-        batch = Batch(list(reqs), phase, spans=now if spans is None else spans, ends=[end for _, end in now])
+        spans = [(r.cached_len, r.device_len) for r in reqs]
+        batch = Batch(list(reqs), phase, spans=spans, ends=[end for _, end in spans])
         self.graph_runner.pad_batch(batch)
         decode = phase == "decode"
         if self.graph_runner.can_use_graph(batch):
@@ -325,8 +324,10 @@ class Engine:
         with self.exclusive("forward_batch"):
             check_fresh(batch, args)
             try:
+                for req, end in zip(batch.reqs, batch.ends):
+                    req.device_len = end
                 return self._forward_batch(batch, args)
-            except BaseException:  # the requests did not advance: put back the device_len prepare_batch set
+            except BaseException:  # a request that did not advance gets its length back
                 for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
                     if req.cached_len == cached_len:
                         req.device_len = device_len

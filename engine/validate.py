@@ -136,7 +136,7 @@ def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
             "the (batch, args) pair that one prepare_batch call returned"
         )
     now = [(r.cached_len, r.device_len) for r in batch.reqs]
-    if not batch.spans or now != [(cached, end) for (cached, _), end in zip(batch.spans, batch.ends)]:
+    if not batch.spans or now != batch.spans:
         raise InvalidRequestError(
             "the batch is stale: its requests' cached_len/device_len changed since prepare_batch built it (was "
             "it already run?) or it was not built by prepare_batch; call prepare_batch again"

@@ -260,13 +260,14 @@ def test_bad_page_table_slots_rejected(
 
 
 def test_a_step_run_to_given_ends_is_undone_to_the_lengths_before_them(contract: Contract) -> None:
-    """prepare_batch(ends=...) sets each request's device_len once its checks pass, and the step's undo (here: a
-    refused page table) puts back what the request held before prepare_batch, not the chunk end."""
+    """prepare_batch(ends=...) checks the batch at its ends and leaves the requests alone; forward_batch sets each
+    device_len as it runs, and the step's undo (here: a refused page table) puts back what the request held
+    before, not the chunk end."""
     engine = contract.engine
     engine.page_table[0, :3] = torch.tensor([0, 1, 10**6], dtype=torch.int32)
     req = make_req((5, 6, 7, 8, 9))
     batch, args = engine.prepare_batch([req], "prefill", ends=[3])
-    assert (req.cached_len, req.device_len) == (0, 3) and batch.spans == [(0, 5)] and batch.ends == [3]
+    assert (req.cached_len, req.device_len) == (0, 5) and batch.spans == [(0, 5)] and batch.ends == [3]
     out = engine.forward_batch(batch, args)
     assert (req.cached_len, req.device_len) == (3, 3)
     expect(InvalidRequestError, out.result, "page_table[0, 2] = 1000000", "not a KV slot")
