@@ -4,7 +4,7 @@ from .attention import ATTENTION_BACKENDS
 from .config import EngineConfig
 from .core import Batch, Context, Req, SamplingParams
 from .distributed import TPInfo
-from .engine import Engine, ForwardOutput
+from .engine import Engine
 from .errors import (
     CapacityError,
     ConfigError,
@@ -19,12 +19,14 @@ from .layers.kernels import LAYER_KERNELS
 from .moe import MOE_BACKENDS
 from .registry import Registry, Requires, Where
 from .sample import SAMPLERS
+from .step import STEP_KERNELS, ForwardOutput
 
 __all__ = [
     "ATTENTION_BACKENDS",
     "LAYER_KERNELS",
     "MOE_BACKENDS",
     "SAMPLERS",
+    "STEP_KERNELS",
     "Registry",
     "Requires",
     "Where",

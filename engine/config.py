@@ -9,7 +9,7 @@ from functools import cached_property
 
 import torch
 
-from .core import checked_bool, checked_int, checked_real
+from .checks import checked_bool, checked_int, checked_real
 from .distributed.info import TPInfo
 from .errors import ConfigError
 from .models.config import ModelConfig
@@ -37,6 +37,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     # Elementwise kernels of the layers: "torch" (HF's op sequence), "triton" (fused, CUDA), "auto".
     layer_kernels: str = "auto"
+    # The decode step's slot check and greedy end: "torch" (the reference), "triton" (CUDA), "auto".
+    step_kernels: str = "auto"
     moe_backend: str = "auto"
     # Token drawing: "torch" (the reference), "flashinfer" (CUDA), "auto". Every choice is a registry entry.
     sampler_backend: str = "auto"
@@ -62,7 +64,7 @@ class EngineConfig:
             raise ConfigError(f"model_path={self.model_path!r} is invalid: pass the model directory as a str or Path")
         if not isinstance(self.tp_info, TPInfo):
             raise ConfigError(f"tp_info={self.tp_info!r} is invalid: use TPInfo(rank, size)")
-        for name in ("device", "attention_backend", "layer_kernels", "moe_backend", "sampler_backend"):
+        for name in ("device", "attention_backend", "layer_kernels", "step_kernels", "moe_backend", "sampler_backend"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: use a string, e.g. 'auto'")
         for name in ("page_size", "max_running_req", "cpu_kv_cache_bytes"):

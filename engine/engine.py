@@ -1,6 +1,6 @@
 """The Engine: builds everything in a fixed order and runs one forward pass per call.
 
-Init order: TP info → device/stream/context (attention backend and layer kernels resolved) → communication
+Init order: TP info → device/stream/context (attention backend, layer and step kernels resolved) → communication
 (TP > 1 only) → free memory → model (meta device, then weights) → KV pool
 (num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows, the last is the dummy row)
 → attention backend and layer kernels, in the forward context → sampler → graph runner → CPU threads. Every
@@ -23,21 +23,25 @@ from typing import Any
 import torch
 
 from .attention import ATTENTION_BACKENDS, create_backend
+from .checks import checked_seed
 from .config import EngineConfig
-from .core import Batch, Context, Phase, Req, SamplingParams, checked_seed
-from .device import CPU_THREADS, Event, cpu_threads_for, make_device, resolve_device, upload
+from .core import Batch, Context, Phase, Req, SamplingParams
+from .device import CPU_THREADS, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, StepOutputs, default_graph_bs
-from .inputs import BatchInputs, InputLayout, pack_inputs, unpack_inputs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS, LayerKernels, keep_tokens
+from .layers.kernels import LAYER_KERNELS, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
 from .sample import SAMPLERS, BatchSamplingArgs, no_draws
-from .validate import Limits, check_fresh, check_memory, raise_slot_error, validate_batch
+from .step.inputs import BatchInputs, pack_inputs, unpack_inputs
+from .step.kernels import STEP_KERNELS, StepKernels, keep_tokens
+from .step.layout import InputLayout
+from .step.record import ForwardOutput, StepRecord
+from .validate import Limits, check_ends, check_fresh, check_memory, validate_batch
 
 
 @dataclass(frozen=True)
@@ -47,102 +51,8 @@ class _Choices:
     attention: str
     moe: Any  # the MoE backend instance
     kernels: LayerKernels
+    step: StepKernels
     sampler: str
-
-
-@dataclass
-class ForwardOutput:
-    """One step's tokens: on the device at once (the caller's current stream is ordered after the step, so its reads
-    of the device tensors see them written), on the host behind copy_done_event. The step's errors (a row with
-    nothing to sample, a page table that failed the slot checks) travel with the host tokens and are raised by
-    result(), after the step is undone."""
-
-    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
-    copy_done_event: Event
-    logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
-    # int32 [2 padded + 1], pinned on CUDA: the tokens (padding rows' after the batch's), the slot verdict, and the
-    # rows' last tokens before the step (what undo puts back)
-    host: torch.Tensor
-    step: _StepRecord
-
-    def wait(self) -> None:
-        self.copy_done_event.synchronize()
-
-    @property
-    def failed(self) -> bool:
-        """Whether result() will raise (waits for the host tokens)."""
-        self.wait()
-        return self.step.failed(self.host)
-
-    def undo(self) -> None:
-        """Put every request of the step, the live rows, the random streams and the rows' device tokens back as
-        before forward_batch (once). A driver running a later step undoes that one first."""
-        self.wait()
-        self.step.undo(self.host)
-
-    def result(self) -> torch.Tensor:
-        """Wait for the host tokens and return them (int32 [bs]); if the step failed, undo it and raise
-        (InvalidRequestError for the slots, NonFiniteLogitsError for a row with nothing to sample)."""
-        if self.failed:
-            self.undo()
-            self.step.raise_error(self.host)
-        return self.host[: self.step.size]
-
-    @property
-    def next_tokens_cpu(self) -> torch.Tensor:
-        """int32 [bs]: result()."""
-        return self.result()
-
-
-@dataclass
-class _StepRecord:
-    """What undoing one step needs, and its error."""
-
-    engine: Engine
-    batch: Batch
-    args: BatchSamplingArgs
-    logits: torch.Tensor
-    undo_draws: Callable[[], None]
-    live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
-    undone: bool = False
-
-    @property
-    def size(self) -> int:
-        return self.batch.size
-
-    def refused(self, host: torch.Tensor) -> bool:
-        return bool(host[(host.numel() - 1) // 2])
-
-    def failed(self, host: torch.Tensor) -> bool:
-        return bool((host[: self.size] < 0).any()) or self.refused(host)
-
-    def undo(self, host: torch.Tensor) -> None:
-        if self.undone:
-            return
-        self.undone = True
-        engine = self.engine
-        for req, (cached_len, device_len) in zip(self.batch.reqs, self.batch.spans):
-            req.cached_len, req.device_len = cached_len, device_len
-        for (row, live), req, (_, device_len) in zip(self.live_before, self.batch.reqs, self.batch.spans):
-            if engine.live_rows.get(row) != (device_len, req.uid):
-                continue  # released (or taken over) since: the row is no longer this step's to put back
-            if live is None:
-                engine.live_rows.pop(row, None)
-            else:
-                engine.live_rows[row] = live
-        start = (host.numel() + 1) // 2
-        before = torch.tensor(host[start : start + self.size].tolist(), dtype=torch.int32)
-        rows = torch.tensor([req.table_idx for req in self.batch.reqs])
-        device = engine.device.torch_device
-        with engine.device.stream_context():
-            engine.last_tokens.index_copy_(0, upload(rows, device), upload(before, device))
-        self.undo_draws()
-
-    def raise_error(self, host: torch.Tensor) -> None:
-        if self.refused(host):
-            raise_slot_error(self.batch.reqs, self.engine.page_table, self.engine.limits, self.engine.live_rows)
-        bad = (host[: self.size] < 0).nonzero().flatten().tolist()
-        self.engine.sampler.raise_for_rows(bad, self.args, self.logits)
 
 
 class Engine:
@@ -192,6 +102,7 @@ class Engine:
             attention=ATTENTION_BACKENDS.resolve(config.attention_backend, where),
             moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
             kernels=LAYER_KERNELS.factory(LAYER_KERNELS.resolve(config.layer_kernels, where))(),
+            step=STEP_KERNELS.factory(STEP_KERNELS.resolve(config.step_kernels, where))(),
             sampler=SAMPLERS.resolve(config.sampler_backend, where),
         )
 
@@ -277,6 +188,7 @@ class Engine:
         )
         self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend,
                            kernels=choices.kernels, comm=self.comm)
+        self.step_kernels = choices.step
 
     def _init_graphs(self, choices: _Choices) -> None:
         """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""
@@ -336,31 +248,51 @@ class Engine:
             for row in rows:
                 self.live_rows.pop(row, None)
 
-    def prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
+    def prepare_batch(
+        self, reqs: Sequence[Req], phase: Phase, ends: Sequence[int] | None = None
+    ) -> tuple[Batch, BatchSamplingArgs]:
         """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args. A
         decode batch that fits a captured graph gets only its packed inputs (the graph builds the rest).
 
-        The page table rows of every request must already hold slots for [0, device_len).
+        ends: each request's device_len for this pass (None: the requests' own). The requests are left as they are
+        here; forward_batch sets each device_len to its end as it runs the batch, and the step's undo puts back
+        Batch.spans, the lengths before. The page table rows of every request must hold slots for [0, end).
         """
         self.check_open()
         with self.exclusive("prepare_batch"):
-            validate_batch(reqs, phase, self.limits, self.live_rows)
-            batch = Batch(list(reqs), phase, spans=[(r.cached_len, r.device_len) for r in reqs])
-            self.graph_runner.pad_batch(batch)
-            decode = phase == "decode"
-            if self.graph_runner.can_use_graph(batch):
-                batch.packed_inputs = pack_inputs(reqs, self.limits, self.live_rows, decode, batch.padded_size)
-                with self.device.stream_context():
-                    return batch, self.sampler.prepare(batch)
-            host, layout = pack_inputs(reqs, self.limits, self.live_rows, decode)
-            self._wait_for_caller()
+            if ends is None:
+                return self._prepare_batch(reqs, phase)
+            targets = check_ends(reqs, ends)
+            lengths = [r.device_len for r in reqs]
+            try:  # checked and packed at the ends, then put back
+                for req, end in zip(reqs, targets):
+                    req.device_len = end
+                batch, args = self._prepare_batch(reqs, phase)
+            finally:
+                for req, device_len in zip(reqs, lengths):
+                    req.device_len = device_len
+            batch.spans = [(cached_len, device_len) for (cached_len, _), device_len in zip(batch.spans, lengths)]
+            return batch, args
+
+    def _prepare_batch(self, reqs: Sequence[Req], phase: Phase) -> tuple[Batch, BatchSamplingArgs]:
+        validate_batch(reqs, phase, self.limits, self.live_rows)
+        spans = [(r.cached_len, r.device_len) for r in reqs]
+        batch = Batch(list(reqs), phase, spans=spans, ends=[end for _, end in spans])
+        self.graph_runner.pad_batch(batch)
+        decode = phase == "decode"
+        if self.graph_runner.can_use_graph(batch):
+            batch.packed_inputs = pack_inputs(reqs, self.limits, self.live_rows, decode, batch.padded_size)
             with self.device.stream_context():
-                self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
-                self.attn_backend.prepare_metadata(batch)
                 return batch, self.sampler.prepare(batch)
+        host, layout = pack_inputs(reqs, self.limits, self.live_rows, decode)
+        self._wait_for_caller()
+        with self.device.stream_context():
+            self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
+            self.attn_backend.prepare_metadata(batch)
+            return batch, self.sampler.prepare(batch)
 
     def _unpack(self, packed: torch.Tensor, layout: InputLayout) -> BatchInputs:
-        return unpack_inputs(packed, layout, self.page_table, self.last_tokens, self.ctx.kernels, self.limits)
+        return unpack_inputs(packed, layout, self.page_table, self.last_tokens, self.step_kernels, self.limits)
 
     @staticmethod
     def _set_inputs(batch: Batch, inputs: BatchInputs) -> None:
@@ -377,21 +309,34 @@ class Engine:
         if isinstance(self.device.stream, torch.cuda.Stream):
             torch.cuda.current_stream(self.device.torch_device).wait_stream(self.device.stream)
 
-    def _graph_step(self, packed: torch.Tensor, layout: InputLayout, batch: Batch) -> StepOutputs:
-        """A whole decode step, as the graph runner captures it: inputs, device metadata, model, greedy tokens."""
+    def _graph_step(
+        self, packed: torch.Tensor, layout: InputLayout, batch: Batch, greedy: bool
+    ) -> StepOutputs:
+        """A whole decode step, as the graph runner captures it: inputs, device metadata, model and, for a greedy
+        batch, its tokens kept as the rows' last tokens and the payload for the host."""
         inputs = self._unpack(packed, layout)
         self._set_inputs(batch, inputs)
         self.attn_backend.graph_metadata(batch)
         with self.ctx.forward_batch(batch):
             logits = self.model(batch.input_ids, batch.positions, self.ctx)
-        tokens, payload = self.ctx.kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
-        return StepOutputs(logits, tokens, payload, inputs)
+        if not greedy:
+            return StepOutputs(logits, inputs)
+        tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
+        return StepOutputs(logits, inputs, tokens, payload)
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
         with self.exclusive("forward_batch"):
             check_fresh(batch, args)
-            return self._forward_batch(batch, args)
+            try:
+                for req, end in zip(batch.reqs, batch.ends):
+                    req.device_len = end
+                return self._forward_batch(batch, args)
+            except BaseException:  # a request that did not advance gets its length back
+                for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
+                    if req.cached_len == cached_len:
+                        req.device_len = device_len
+                raise
 
     @torch.inference_mode()
     def _forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
@@ -399,15 +344,14 @@ class Engine:
         n = batch.size
         with self.device.stream_context():
             if batch.packed_inputs is not None and self.graph_runner.has_graph(batch.padded_size):
-                step = self.graph_runner.replay(batch)
+                step = self.graph_runner.replay(batch, greedy=args.all_greedy)
                 self._set_inputs(batch, step.inputs)
                 logits = step.logits[:n]
-                if args.all_greedy:
+                if step.tokens is not None and step.payload is not None:
                     next_tokens, undo_draws, payload = step.tokens[:n], no_draws, step.payload
-                else:  # the graph kept its greedy tokens; the sampled ones replace them
+                else:
                     next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                    self.last_tokens.index_copy_(0, step.inputs.rows[:n], next_tokens.clamp(min=0))
-                    payload = torch.cat([next_tokens, step.payload[n:]])
+                    payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             else:
                 if batch.packed_inputs is not None:  # padded for a size with no graph here: the step runs eagerly
                     host, layout = batch.packed_inputs
@@ -430,7 +374,8 @@ class Engine:
                 req.complete_one()
                 self.live_rows[req.table_idx] = (req.cached_len, req.uid)
         self._caller_waits()
-        record = _StepRecord(self, batch, args, logits, undo_draws, live_before)
+        record = StepRecord(batch, args, logits, undo_draws, live_before, self.live_rows, self.last_tokens,
+                            self.device, self.sampler.raise_for_rows, self.page_table, self.limits)
         return ForwardOutput(next_tokens, event, logits, host, record)
 
     def shutdown(self) -> None:

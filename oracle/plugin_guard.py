@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from engine import ATTENTION_BACKENDS, LAYER_KERNELS, MOE_BACKENDS, SAMPLERS
+from engine import ATTENTION_BACKENDS, LAYER_KERNELS, MOE_BACKENDS, SAMPLERS, STEP_KERNELS
 from engine.registry import ANYWHERE, Registry, Requires
 
 from .plugins import PluginError
 
-REGISTRIES: tuple[Registry[Any], ...] = (ATTENTION_BACKENDS, LAYER_KERNELS, MOE_BACKENDS, SAMPLERS)
+REGISTRIES: tuple[Registry[Any], ...] = (ATTENTION_BACKENDS, LAYER_KERNELS, STEP_KERNELS, MOE_BACKENDS, SAMPLERS)
 
 
 def guarded(plugin: str, option: str, name: str, factory: Callable[..., Any]) -> Callable[..., Any]:

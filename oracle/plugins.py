@@ -1,5 +1,6 @@
 """Loading the user's own kernels: a plugin is a module that registers implementations in the engine's registries
-(``engine.ATTENTION_BACKENDS``, ``LAYER_KERNELS``, ``MOE_BACKENDS``, ``SAMPLERS``) when imported.
+(``engine.ATTENTION_BACKENDS``, ``LAYER_KERNELS``, ``STEP_KERNELS``, ``MOE_BACKENDS``, ``SAMPLERS``) when imported;
+step kernels registered under a layer kernels' name go with them (Target.step_kernels).
 
 Plugins come from ``--plugin MODULE`` (pytest, ``verify`` and the mutant table), from ``$HFPARITY_PLUGINS``
 (comma-separated, for tox) and from every installed distribution's ``hfparity.plugins`` entry points. A target then

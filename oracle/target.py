@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, EngineConfig, Where
+from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, STEP_KERNELS, EngineConfig, Where
 from engine.config import DTYPES
 from engine.registry import Registry
 from engine.sample import BaseSampler
@@ -51,6 +51,11 @@ class Target(TargetSpec):
     @property
     def tolerance(self) -> LogitTolerance:
         return logit_tolerance(self.torch_dtype)
+
+    @property
+    def step_kernels(self) -> str:
+        """The step kernels that go with the layer kernels: the same name where STEP_KERNELS has it, else "auto"."""
+        return self.kernels if self.kernels in STEP_KERNELS else "auto"
 
     def problems(self) -> list[str]:
         """Why this target cannot run here (empty when it can)."""
@@ -98,6 +103,7 @@ class Target(TargetSpec):
             "dtype": self.dtype,
             "attention_backend": self.attention,
             "layer_kernels": self.kernels,
+            "step_kernels": self.step_kernels,
             "sampler_backend": self.sampler,
             "cuda_graph_bs": None if self.graphs else [],
         }

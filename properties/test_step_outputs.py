@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, Req
-from engine.engine import ForwardOutput
+from engine.step import ForwardOutput
 from oracle.budget import examples
 from oracle.coverage import exercised, floors
 from oracle.drive import TINY_VOCAB, EnginePool, draw_engine, place

@@ -259,6 +259,39 @@ def test_bad_page_table_slots_rejected(
     contract.rejects(InvalidRequestError, lambda: run_batch(contract.engine, [make_req()]), *needles)
 
 
+def test_a_step_run_to_given_ends_is_undone_to_the_lengths_before_them(contract: Contract) -> None:
+    """prepare_batch(ends=...) checks the batch at its ends and leaves the requests alone; forward_batch sets each
+    device_len as it runs, and the step's undo (here: a refused page table) puts back what the request held
+    before, not the chunk end."""
+    engine = contract.engine
+    engine.page_table[0, :3] = torch.tensor([0, 1, 10**6], dtype=torch.int32)
+    req = make_req((5, 6, 7, 8, 9))
+    batch, args = engine.prepare_batch([req], "prefill", ends=[3])
+    assert (req.cached_len, req.device_len) == (0, 5) and batch.spans == [(0, 5)] and batch.ends == [3]
+    out = engine.forward_batch(batch, args)
+    assert (req.cached_len, req.device_len) == (3, 3)
+    expect(InvalidRequestError, out.result, "page_table[0, 2] = 1000000", "not a KV slot")
+    assert (req.cached_len, req.device_len) == (0, 5)
+
+
+ENDS_CASES = [
+    ("one end too few", [], ("ends must be a list of 1 ints",)),
+    ("not a list", 3, ("ends must be a list of 1 ints",)),
+    ("a float end", [2.0], ("ends must hold ints", "float")),
+    ("past max_seq_len", [65], ("65 tokens exceed max_seq_len=64",)),
+    ("not past cached_len", [0], ("cached_len=0 must be in [0, device_len=0)",)),
+]
+
+
+@pytest.mark.parametrize("name,ends,needles", ENDS_CASES, ids=[c[0] for c in ENDS_CASES])
+def test_bad_ends_are_rejected_and_leave_the_request_alone(
+    contract: Contract, name: str, ends: Any, needles: tuple[str, ...]
+) -> None:
+    req = make_req((5, 6, 7, 8, 9))
+    contract.rejects(InvalidRequestError, lambda: contract.engine.prepare_batch([req], "prefill", ends=ends), *needles)
+    assert (req.cached_len, req.device_len) == (0, 5)
+
+
 PAGE_STRUCTURE_CASES = [
     ("offset off by one", [1, 2, 3, 4, 5], (0, "= 1", "slot 0")),
     ("two pages in one block", [0, 1, 6, 7, 8], (2, "= 6", "slot 2")),

@@ -90,7 +90,7 @@ def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: d
         assert phases["prepare: inputs + slot checks (device, eager passes)"] > 0
         assert sum(v for k, v in phases.items() if k.startswith("prepare")) < r["step_ms"]
     import engine.engine as engine_module
-    from engine.inputs import pack_inputs
+    from engine.step.inputs import pack_inputs
 
     assert engine_module.pack_inputs is pack_inputs, "the phase timers were not removed"
     assert engine_module.ForwardOutput.wait.__name__ == "wait", "the timer on a class method was not removed"

@@ -1,9 +1,11 @@
-"""The layer-kernel registry: name resolution, errors, and that every layer dispatches through ctx.kernels."""
+"""The layer- and step-kernel registries: name resolution, errors, and that every layer dispatches through
+ctx.kernels and every step's slot check through the engine's step kernels."""
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,27 +14,34 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.driver import StaticDriver
 from engine.errors import ConfigError
 from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, TorchKernels
-from engine.registry import Where
+from engine.registry import Registry, Where
+from engine.step.kernels import STEP_KERNELS, TorchStepKernels
 from oracle.zoo import tiny_model_dir
 
 CPU = Where(torch.device("cpu"), torch.float32, 16)
 
 
-def test_auto_is_torch_on_cpu() -> None:
-    assert LAYER_KERNELS.resolve("auto", CPU) == "torch"
+REGISTRIES = pytest.mark.parametrize("registry", [LAYER_KERNELS, STEP_KERNELS], ids=["layer", "step"])
 
 
+@REGISTRIES
+def test_auto_is_torch_on_cpu(registry: Registry[Any]) -> None:
+    assert registry.resolve("auto", CPU) == "torch"
+
+
+@REGISTRIES
 @pytest.mark.parametrize(
     ("name", "message"), [("triton", "needs a CUDA device"), ("cutlass", "unknown; known: auto, torch, triton")]
 )
-def test_bad_names_are_config_errors(name: str, message: str) -> None:
+def test_bad_names_are_config_errors(registry: Registry[Any], name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        LAYER_KERNELS.resolve(name, CPU)
+        registry.resolve(name, CPU)
 
 
-def test_engine_config_rejects_non_string(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="layer_kernels=3 is invalid"):
-        EngineConfig(str(tmp_path), layer_kernels=3)  # type: ignore[arg-type]
+@pytest.mark.parametrize("field", ["layer_kernels", "step_kernels"])
+def test_engine_config_rejects_non_string(tmp_path: Path, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"{field}=3 is invalid"):
+        EngineConfig(str(tmp_path), **{field: 3})
 
 
 class CountingKernels(TorchKernels):
@@ -61,6 +70,12 @@ class CountingKernels(TorchKernels):
         self.calls["store_kv"] += 1
         return super().store_kv(*args, **kwargs)
 
+
+
+class CountingStepKernels(TorchStepKernels):
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
     def slot_check(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self.calls["slot_check"] += 1
         return super().slot_check(*args, **kwargs)
@@ -78,8 +93,8 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     model = tiny_model_dir("qwen3", tmp_path)
     engine, other = _engine(model), _engine(model)
     reference = _generate(engine)
-    counting = CountingKernels()
-    engine.ctx.kernels = counting
+    counting, counting_step = CountingKernels(), CountingStepKernels()
+    engine.ctx.kernels, engine.step_kernels = counting, counting_step
     again = _generate(engine)
     untouched = _generate(other)  # another engine in the process keeps its own kernels
     assert other.ctx.kernels is TORCH_KERNELS
@@ -90,8 +105,8 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP, one KV store; plus the final
     # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels; four projections (qkv,
     # o, gate_up, down: SiLU-and-mul runs inside the gated down_proj); one slot check per step.
+    assert counting_step.calls == {"slot_check": steps}
     assert counting.calls == {
-        "slot_check": steps,
         "rms_norm": steps * (4 * layers + 1),
         "norm_rope": steps * 2 * layers,
         "silu_and_mul": steps * layers,

@@ -20,18 +20,19 @@ import pytest
 
 import engine.engine as engine_module
 import engine.models.config as model_config_module
-from engine import sample, validate
+from engine import sample
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.triton_backend import TritonDecodeBackend
 from engine.driver import Pages, StaticDriver
 from engine.driver.loop import Loop
 from engine.driver.requests import Requests
-from engine.engine import Engine, ForwardOutput
+from engine.engine import Engine
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import TorchKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
+from engine.step import ForwardOutput, slots
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.killers import KillersError, killers, parse_killers
 from oracle.mutants.plugin import MUTANT_ENV
@@ -59,7 +60,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     model_config_module,
     TorchKernels,
     TritonKernels,
-    validate,
+    slots,
     ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
@@ -67,12 +68,13 @@ NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped"}
 
 
 def _patched() -> tuple[type | ModuleType, ...]:
-    """PATCHED, plus the Triton kernels' module where triton is installed (importing it imports triton)."""
+    """PATCHED, plus the Triton kernels' modules where triton is installed (importing it imports triton)."""
     if importlib.util.find_spec("triton") is None:
         return PATCHED
     import engine.layers.triton_kernels as triton_kernels
+    import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels)
+    return (*PATCHED, triton_kernels, step_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:

@@ -90,7 +90,7 @@ def graph_page_ids(
     """kv_page_ids with shapes fixed by the graph: out[kv_indptr[i] + p] = the page id of page p of row
     table_rows[i], for p in cols (every page a row can hold) below the request's page count; the rest land in out's
     last entry, which no request's pages reach. kv_indptr: int32 [bs + 1] on the device. The torch statement of
-    what a captured step runs as one Triton launch (engine/layers/triton_kernels.py's page_ids)."""
+    what a captured step runs as one Triton launch (engine/attention/page_ids.py)."""
     indptr = kv_indptr.long()
     valid = cols < (indptr[1:] - indptr[:-1]).unsqueeze(1)
     dest = torch.where(valid, indptr[:-1].unsqueeze(1) + cols, out.shape[0] - 1)
@@ -211,10 +211,10 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.prepare_for_replay(batch)
 
     def graph_metadata(self, batch: Batch) -> None:
-        from ..layers import triton_kernels  # CUDA only, where Triton ships with torch
+        from .page_ids import page_ids  # CUDA only, where Triton ships with torch
 
-        triton_kernels.page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
-                                self._graph_max_pages, self.page_size, self._graph_kv_indices)
+        page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
+                 self._graph_max_pages, self.page_size, self._graph_kv_indices)
 
     def prepare_for_replay(self, batch: Batch) -> None:
         """Plan the captured wrapper of this size from the padded requests' lengths: the plan copies the page

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core import is_int
+from ..checks import is_int
 from ..errors import ConfigError
 
 

@@ -14,7 +14,8 @@ from typing import Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 import torch
 
-from ..core import Req, checked_int
+from ..checks import checked_int
+from ..core import Req
 from ..device import upload
 from ..engine import Engine
 from ..errors import CapacityError, ConfigError

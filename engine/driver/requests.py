@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core import Req, SamplingParams, is_int
+from ..checks import is_int
+from ..core import Req, SamplingParams
 from ..engine import Engine
 from ..errors import CapacityError, InvalidRequestError
 from ..validate import prompt_list

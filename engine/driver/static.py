@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import SamplingParams, checked_bool, checked_int, is_int
+from ..checks import checked_bool, checked_int, is_int
+from ..core import SamplingParams
 from ..engine import Engine
 from ..errors import CapacityError, ConfigError, EngineBusyError, InvalidRequestError
 from .loop import Loop

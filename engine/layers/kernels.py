@@ -22,8 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import HeadDim, Registry, Requires
-from ..sample import greedy_tokens
-from ..validate import Limits, SlotQuery, redirected_slots
 from .activation import silu_and_mul
 from .linear import narrowing_weights_column_major
 
@@ -47,17 +45,6 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     # HF casts back to the input dtype before the weight multiply; doing it after changes bf16 results.
     return weight * h.to(dtype)
-
-
-def keep_tokens(
-    tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
-) -> torch.Tensor:
-    """Store a step's tokens as its rows' last tokens; returns the payload for the host: the tokens, the slot verdict
-    and the rows' last tokens before (ForwardOutput.host). A -1 (nothing to sample) is kept as 0, so it never
-    becomes an input id; that step fails anyway."""
-    before = last_tokens.index_select(0, rows)
-    last_tokens.index_copy_(0, rows, tokens.clamp(min=0))
-    return torch.cat([tokens, flags.to(torch.int32), before])
 
 
 class LayerKernels(ABC):
@@ -105,21 +92,6 @@ class LayerKernels(ABC):
         """Why these kernels hand op(*args) (the method's own arguments) to the torch reference, or None where they
         run it themselves: the op-level harness fails a hand-over that is not declared here."""
         return None
-
-    def slot_check(
-        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A batch's write slots and read rows after its slot verdict, and the verdict, not waited for
-        (engine/validate.py's redirected_slots states the rules; that torch sequence is the default)."""
-        return redirected_slots(page_table, query, limits, padded)
-
-    def greedy_step(
-        self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A captured step's end: the greedy tokens (engine/sample.py's greedy_tokens), kept as the rows' last
-        tokens, and the payload for the host (keep_tokens)."""
-        tokens = greedy_tokens(logits)
-        return tokens, keep_tokens(tokens, last_tokens, rows, flags)
 
 
 class TorchKernels(LayerKernels):
@@ -204,28 +176,11 @@ class TritonKernels(LayerKernels):
         if next(model.parameters()).dtype not in self._k.GEMV_DTYPES:
             super().arrange_weights(model)
 
-    def slot_check(
-        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._k.slot_check(page_table, query, limits.num_slots, limits.page_size, limits.max_rows, padded)
-
-    def greedy_step(
-        self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.declines("greedy_step", logits, last_tokens, rows, flags) is not None:
-            return super().greedy_step(logits, last_tokens, rows, flags)
-        return self._k.greedy_step(logits, last_tokens, rows, flags)
-
     def declines(self, op: str, *args: object) -> str | None:
         if op == "store_kv" and not self._k.store_kv_fits(args[0], args[2], args[3]):
             return "the KV store's tiles need a power-of-two number of kv heads, unit inner strides, a contiguous pool"
         if op == "linear" and not self._k.gemv_fits(args[0], args[1], bool(args[3])):
             return "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, row-major weights"
-        if op == "greedy_step":
-            logits = args[0]
-            assert isinstance(logits, torch.Tensor)
-            if logits.dtype != torch.float32 or logits.stride(1) != 1:
-                return "the argmax kernel reads float32 logits with unit column stride"
         return None
 
 

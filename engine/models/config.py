@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..core import is_int, is_real
+from ..checks import is_int, is_real
 from ..distributed.info import TPInfo
 from ..errors import ModelLoadError
 

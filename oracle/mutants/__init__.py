@@ -361,7 +361,7 @@ MUTANTS: dict[str, Mutant] = {
             "the slot checks count the writes to a slot with a store instead of an add: a slot written twice in one "
             "batch passes",
             "vllm-project/vllm#37076 (one KV block handed to two requests at once), the Triton slot check's count "
-            "kernel (engine/layers/triton_kernels.py) states the same rule with atomics",
+            "kernel (engine/step/triton.py) states the same rule with atomics",
             k.slot_check_counts_once,
         ),
         Mutant(

@@ -12,17 +12,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine import validate
 from engine.attention import torch_backend
-from engine.engine import ForwardOutput
 from engine.layers.kernels import TORCH_KERNELS, TorchKernels, TritonKernels
+from engine.step import ForwardOutput, slots
 
 from .catalogue import _swap
 
 TILE = 64
 
 _ORIGINAL_TORCH_STORE_KV = TorchKernels.store_kv
-_ORIGINAL_SLOT_VERDICT = validate.slot_verdict
+_ORIGINAL_SLOT_VERDICT = slots.slot_verdict
 _ORIGINAL_TRITON_RMS_NORM = TritonKernels.rms_norm
 
 
@@ -118,8 +117,8 @@ def store_kv_one_past() -> contextlib.AbstractContextManager[None]:
 
 
 def slot_check_counts_once() -> contextlib.AbstractContextManager[None]:
-    # redirected_slots reaches slot_verdict through engine.validate's module-level name; only that name is rebound.
-    return _swap(validate, "slot_verdict", _slot_verdict_counting_once)
+    # redirected_slots reaches slot_verdict through engine.step.slots' module-level name; only that name is rebound.
+    return _swap(slots, "slot_verdict", _slot_verdict_counting_once)
 
 
 def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
@@ -130,7 +129,7 @@ def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[N
 def triton_slot_count_skipped() -> Any:
     """The Triton slot check never launches its count kernel: a slot written twice (or over cached KV marked after
     it) passes."""
-    from engine.layers import triton_kernels
+    from engine.step import triton as triton_kernels
 
     class _Skip:
         def __getitem__(self, grid: object) -> Any:

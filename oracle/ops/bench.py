@@ -9,9 +9,10 @@ from typing import TypeVar
 
 import torch
 
-from engine import LAYER_KERNELS
+from engine import LAYER_KERNELS, STEP_KERNELS
 from engine.layers.kernels import LayerKernels, TorchKernels
-from engine.registry import REFERENCE
+from engine.registry import REFERENCE, Where
+from engine.step.kernels import StepKernels, TorchStepKernels
 
 from ..target import Target
 from ..tolerance import KERNEL_ULPS
@@ -38,6 +39,9 @@ class Bench:
     def __post_init__(self) -> None:
         self.kernels_name = str(self.target.resolved("kernels"))
         self.kernels: LayerKernels = LAYER_KERNELS.factory(self.kernels_name)()
+        where = Where(self.target.torch_device, self.target.torch_dtype, self.target.head_dim)
+        self.step_name = STEP_KERNELS.resolve(self.target.step_kernels, where)
+        self.step_kernels: StepKernels = STEP_KERNELS.factory(self.step_name)()
 
     @property
     def device(self) -> torch.device:
@@ -57,6 +61,12 @@ class Bench:
         """self.kernels.`method`(*args), traced and filed in the ledger under the implementation that ran."""
         return self.traced(op, self.kernel_impl(method), self.kernels.declines(method, *args),
                            lambda: getattr(self.kernels, method)(*args))
+
+    def run_step_kernel(self, op: str, method: str, *args: object) -> object:
+        """self.step_kernels.`method`(*args), traced and filed like run_kernel."""
+        expected = expected_impl(self.step_kernels, method, "step", self.step_name, (TorchStepKernels, StepKernels))
+        return self.traced(op, expected, self.step_kernels.declines(method, *args),
+                           lambda: getattr(self.step_kernels, method)(*args))
 
     def traced(self, op: str, expected: str, declared: str | None, call: Callable[[], T]) -> T:
         with self.ledger.observe() as seen:

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
-from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS
+from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, STEP_KERNELS
 from engine.registry import REFERENCE, Registry
 
-REGISTRIES: dict[str, Registry[Any]] = {"kernels": LAYER_KERNELS, "attention": ATTENTION_BACKENDS, "sampler": SAMPLERS}
+REGISTRIES: dict[str, Registry[Any]] = {
+    "kernels": LAYER_KERNELS, "step": STEP_KERNELS, "attention": ATTENTION_BACKENDS, "sampler": SAMPLERS,
+}
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,17 @@ def label(key: str, name: str) -> str:
 
 BUILTIN_HOMES = (
     Home(label("kernels", "triton"), "engine.layers.triton_kernels", launches=True),
+    Home(label("kernels", "triton"), "engine.attention.page_ids", launches=True),
     Home(label("kernels", REFERENCE), "engine.layers.kernels",
-         ("TorchKernels.", "LayerKernels.", "rms_norm_reference", "keep_tokens")),
+         ("TorchKernels.", "LayerKernels.", "rms_norm_reference")),
     Home(label("kernels", REFERENCE), "engine.layers.activation"),
     Home(label("kernels", REFERENCE), "engine.layers.rotary", ("RotaryAt.apply", "_rotate")),
-    Home(label("kernels", REFERENCE), "engine.validate", ("redirected_slots", "slot_check", "slot_verdict")),
-    Home(label("kernels", REFERENCE), "engine.sample", ("greedy_tokens",)),
     Home(label("kernels", REFERENCE), "engine.attention.flashinfer_backend", ("graph_page_ids",)),
+    Home(label("step", "triton"), "engine.step.triton", launches=True),
+    Home(label("step", REFERENCE), "engine.step.kernels", ("TorchStepKernels.", "StepKernels.", "keep_tokens")),
+    Home(label("step", REFERENCE), "engine.step.slots",
+         ("redirected_slots", "slot_check", "slot_verdict", "slot_faults")),
+    Home(label("step", REFERENCE), "engine.sample", ("greedy_tokens",)),
     Home(label("attention", "triton"), "engine.attention.triton_decode", launches=True),
     Home(label("attention", REFERENCE), "engine.attention.torch_backend"),
     Home(label("attention", "flashinfer"), "flashinfer.", ("BatchPrefill", "BatchDecode")),
@@ -130,7 +136,8 @@ class Ledger:
             ran = ", ".join(sorted(seen.ran)) or "no traced implementation"
             raise AssertionError(
                 f"op {op}: undeclared fallback: the target's {expected} never ran on this example ({ran} did), and "
-                "it declared no reason to hand it on (LayerKernels.declines / BaseAttnBackend.delegate)"
+                "it declared no reason to hand it on (LayerKernels.declines, StepKernels.declines, "
+                "BaseAttnBackend.delegate)"
             )
         self.counts[op][entry] += 1
         return entry

@@ -1,6 +1,6 @@
-"""Op-level checks of the decode step's kernels: the greedy step (argmax, the rows' last tokens, the host payload)
-and the slot checks with their redirect. Both contracts are exact: integers, compared bitwise with the harness's own
-statement of the rules (not the engine's torch reference, so a bug there shows too)."""
+"""Op-level checks of the decode step's kernels (StepKernels): the greedy step (argmax, the rows' last tokens, the
+host payload) and the slot checks with their redirect. Both contracts are exact: integers, compared bitwise with the
+harness's own statement of the rules (not the engine's torch reference, so a bug there shows too)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from engine.validate import Limits, SlotQuery
+from engine.step.slots import SlotQuery
+from engine.validate import Limits
 
 from ..strategies import seeds
 from . import references as ref
@@ -67,7 +68,7 @@ def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
     rows = guarded("rows", case.rows.to(dev))
     flags = guarded("flags", torch.tensor([case.refused], device=dev))
     call = describe({"logits": logits.view, "last_tokens": last.view, "rows": rows.view}, kinds=case.kinds)
-    out = bench.run_kernel("greedy_step", "greedy_step", logits.view, last.view, rows.view, flags.view)
+    out = bench.run_step_kernel("greedy_step", "greedy_step", logits.view, last.view, rows.view, flags.view)
     assert isinstance(out, tuple)
     tokens, payload = out
     want = ref.first_argmax(case.logits)
@@ -178,7 +179,7 @@ def expected_slots(case: SlotCase) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 
 def slot_query(case: SlotCase, device: torch.device) -> SlotQuery:
-    """The query the engine's inputs build (engine/inputs.py), padding rows as a graph pads: the dummy row,
+    """The query the engine's inputs build (engine/step/inputs.py), padding rows as a graph pads: the dummy row,
     device_len 0, one token at position 0."""
     rows = [*case.rows, *[case.limits.max_rows] * case.pad]
     cached = [*case.cached, *[0] * case.pad]
@@ -201,7 +202,7 @@ def check_slot_check(bench: Bench, case: SlotCase) -> None:
     call = describe({"page_table": table.view}, rows=case.rows, cached=case.cached, device_len=case.device_len,
                     live=dict(zip(case.others, case.other_lens)), pad=case.pad, page_size=case.limits.page_size,
                     num_slots=case.limits.num_slots, fault=case.fault)
-    out = bench.run_kernel("slot_check", "slot_check", table.view, query, case.limits, case.pad > 0)
+    out = bench.run_step_kernel("slot_check", "slot_check", table.view, query, case.limits, case.pad > 0)
     assert isinstance(out, tuple)
     out_loc, table_rows, refused = out
     want_loc, want_rows, want_refused = expected_slots(case)
@@ -253,10 +254,10 @@ def check_page_ids(bench: Bench, case: PageIdsCase) -> None:
     triton = bench.kernel_impl("rms_norm") != "kernels=torch"  # the backend's kernel comes with the Triton kernels
     call = describe({"page_table": table.view, "out": out.view}, rows=case.rows, pages=case.counts, page_size=ps)
     if triton:
-        from engine.layers import triton_kernels
+        from engine.attention.page_ids import page_ids
 
         def run() -> None:
-            triton_kernels.page_ids(table.view, rows.view, kv_indptr.view, max_pages, ps, out.view)
+            page_ids(table.view, rows.view, kv_indptr.view, max_pages, ps, out.view)
     else:
         cols = torch.arange(max_pages, device=dev)
 

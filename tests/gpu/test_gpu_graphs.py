@@ -43,9 +43,9 @@ def _count_replays(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tupl
     seen: list[tuple[int, int]] = []
     replay = engine.graph_runner.replay
 
-    def spy(batch: Batch) -> StepOutputs:
+    def spy(batch: Batch, greedy: bool) -> StepOutputs:
         seen.append((batch.size, batch.padded_size))
-        return replay(batch)
+        return replay(batch, greedy)
 
     monkeypatch.setattr(engine.graph_runner, "replay", spy)
     return seen

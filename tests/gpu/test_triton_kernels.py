@@ -22,7 +22,9 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
 from engine.registry import Where
-from engine.validate import Limits, SlotQuery
+from engine.step.kernels import STEP_KERNELS, TORCH_STEP_KERNELS
+from engine.step.slots import SlotQuery
+from engine.validate import Limits
 from oracle.checks import compare_greedy
 from oracle.target import Target
 
@@ -207,7 +209,7 @@ def test_the_triton_slot_check_is_the_torch_one(
     """Random batches over a shuffled, page-structured page table, with faults that must be refused (slots out
     of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset), padded as a
     graph pads them (requests of device_len 0 on the dummy row): the same out_loc for every new token, the same
-    rows to read and the same verdict as engine/validate.py's torch reference."""
+    rows to read and the same verdict as engine/step/slots.py's torch reference."""
     rnd = random.Random(seed)
     num_pages, width = 64, 48
     limits = Limits(max_rows=8, max_seq_len=width, vocab=512, num_slots=num_pages * page_size, page_size=page_size)
@@ -263,8 +265,8 @@ def test_the_triton_slot_check_is_the_torch_one(
         dev(positions), dev(rows[len(reqs):]), dev(live), max(d for d, _ in reqs), max(live, default=0),
     )
     table = table.to(device)
-    want_loc, want_rows, want = TORCH_KERNELS.slot_check(table, query, limits, pads > 0)
-    got_loc, got_rows, got = LAYER_KERNELS.factory("triton")().slot_check(table, query, limits, pads > 0)
+    want_loc, want_rows, want = TORCH_STEP_KERNELS.slot_check(table, query, limits, pads > 0)
+    got_loc, got_rows, got = STEP_KERNELS.factory("triton")().slot_check(table, query, limits, pads > 0)
     assert bool(got) == bool(want)
     assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
@@ -278,9 +280,7 @@ def test_the_triton_slot_check_is_the_torch_one(
                                 st.integers(0, 10**6)), max_size=3),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_greedy_step_is_the_torch_one(
-    triton_kernels: LayerKernels, bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int
-) -> None:
+def test_greedy_step_is_the_torch_one(bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int) -> None:
     """A captured step's greedy tokens, last tokens and payload: the same as engine/sample.py's greedy_tokens and
     keep_tokens, with rows of NaN, +inf, all -inf (-1, kept as 0) and exact ties at the maximum (first index)."""
     logits = torch.randn(bs, vocab, generator=_gen(seed), device="cuda")
@@ -300,16 +300,16 @@ def test_greedy_step_is_the_torch_one(
     flags = torch.tensor([seed % 2 == 0], device="cuda")
     last = torch.arange(100, 112, dtype=torch.int32, device="cuda")
     want_last, got_last = last.clone(), last.clone()
-    want = TORCH_KERNELS.greedy_step(logits, want_last, rows, flags)
-    got = triton_kernels.greedy_step(logits, got_last, rows, flags)
+    want = TORCH_STEP_KERNELS.greedy_step(logits, want_last, rows, flags)
+    got = STEP_KERNELS.factory("triton")().greedy_step(logits, got_last, rows, flags)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got_last, want_last)
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_graph_page_ids_in_one_launch(page_size: int) -> None:
-    """triton_kernels.page_ids writes what flashinfer_backend.graph_page_ids (its torch statement) writes."""
+    """attention/page_ids.py's page_ids writes what flashinfer_backend.graph_page_ids (its torch statement) writes."""
     from engine.attention.flashinfer_backend import graph_page_ids
-    from engine.layers import triton_kernels
+    from engine.attention.page_ids import page_ids
 
     width, bs = 96, 5
     table = torch.randint(0, 4000, (bs + 2, width), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
@@ -322,5 +322,5 @@ def test_graph_page_ids_in_one_launch(page_size: int) -> None:
     got = want.clone()
     table = table.cuda()
     graph_page_ids(table, rows, indptr, torch.arange(max_pages, device="cuda"), page_size, want)
-    triton_kernels.page_ids(table, rows, indptr, max_pages, page_size, got)
+    page_ids(table, rows, indptr, max_pages, page_size, got)
     assert torch.equal(got[:-1], want[:-1])

@@ -1,5 +1,5 @@
 """A batch's device inputs: the new tokens' ids, their positions and the KV slots they write, with the slot checks
-(LayerKernels.slot_check; engine/validate.py states them) launched on the same tensors.
+(StepKernels.slot_check; engine/step/slots.py states them) launched on the same tensors.
 
 Two halves: pack_inputs builds, on the host, one int64 tensor with everything the device needs (a fixed number of
 ops whatever the batch size), and unpack_inputs turns its device copy into the inputs, waiting for nothing: the slot
@@ -12,54 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import accumulate
 from typing import Literal
 
 import torch
 
-from .core import Req
-from .layers.kernels import LayerKernels
-from .validate import Limits, SlotQuery, check_token_ids
+from ..core import Req
+from ..validate import Limits, check_token_ids
+from .kernels import StepKernels
+from .layout import BLOCKS, InputLayout
+from .slots import SlotQuery
 
 _PLACEHOLDER = [0]
-# The packed tensor's blocks in order, each with the count it has one entry per (pack_inputs writes them so).
-_BLOCKS = (
-    ("rows", "requests"), ("cached", "requests"), ("device_len", "requests"), ("starts", "requests"),
-    ("others", "others"), ("other_lens", "others"),
-    ("token_req", "tokens"), ("positions", "tokens"), ("ids", "tokens"), ("pending", "tokens"),
-)
-
-
-@dataclass(frozen=True)
-class InputLayout:
-    """The shape of a packed input tensor: [rows, cached, device_len, starts] per request, [rows, lengths] per live
-    row outside the batch, [request, position, id(, pending)] per token (_BLOCKS; span() finds each)."""
-
-    requests: int
-    tokens: int
-    others: int
-    max_len: int  # the longest device_len (a graph's: max_seq_len)
-    max_other_len: int  # the longest live length outside the batch (0 without one; a graph's: max_seq_len)
-    pending: Literal["none", "all", "some"]  # which ids the device supplies, from the rows' last sampled tokens
-    decode: bool
-    padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page
-
-    @cached_property
-    def _spans(self) -> dict[str, slice]:
-        spans, start = {}, 0
-        for name, count in _BLOCKS:
-            length = 0 if name == "pending" and self.pending != "some" else getattr(self, count)
-            spans[name], start = slice(start, start + length), start + length
-        return spans
-
-    def span(self, name: str) -> slice:
-        """Where block `name` (one of _BLOCKS) lies in the packed tensor."""
-        return self._spans[name]
-
-    @property
-    def size(self) -> int:
-        return self._spans["pending"].stop
 
 
 @dataclass
@@ -130,14 +94,14 @@ def unpack_inputs(
     layout: InputLayout,
     page_table: torch.Tensor,
     last_tokens: torch.Tensor,
-    kernels: LayerKernels,
+    kernels: StepKernels,
     limits: Limits,
 ) -> BatchInputs:
     """The device half, from the packed tensor on the device: pending ids read from last_tokens (the engine's
     per-row last sampled token), the slot checks launched by kernels.slot_check and not waited for. If they fail,
     every write goes to the dummy page and every read to the dummy row; padding rows write the dummy page too."""
     rows, cached, device_lens, starts, others, other_lens, token_req, positions, ids, mask = (
-        packed[layout.span(name)] for name, _ in _BLOCKS
+        packed[layout.span(name)] for name, _ in BLOCKS
     )
     ids = ids.to(torch.int32)
     if layout.pending == "all":  # a decode step of pending tokens only

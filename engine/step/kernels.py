@@ -1,0 +1,95 @@
+"""The decode step's own kernels behind one interface, StepKernels, picked by name like the layer kernels
+(EngineConfig.step_kernels): the slot check with its redirect, and a captured step's end (greedy tokens, kept as the
+rows' last tokens, and the payload the host copies back). TorchStepKernels ('torch') is the reference, stated in
+engine/step/slots.py and engine/sample.py's greedy_tokens; TritonStepKernels ('triton', CUDA) runs each in a few
+launches (engine/step/triton.py)."""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Callable
+
+import torch
+
+from ..registry import Registry, Requires
+from ..sample import greedy_tokens
+from ..validate import Limits
+from .slots import SlotQuery, redirected_slots
+
+
+def keep_tokens(
+    tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+) -> torch.Tensor:
+    """Store a step's tokens as its rows' last tokens; returns the payload for the host: the tokens, the slot verdict
+    and the rows' last tokens before (ForwardOutput.host). A -1 (nothing to sample) is kept as 0, so it never
+    becomes an input id; that step fails anyway."""
+    before = last_tokens.index_select(0, rows)
+    last_tokens.index_copy_(0, rows, tokens.clamp(min=0))
+    return torch.cat([tokens, flags.to(torch.int32), before])
+
+
+class StepKernels(ABC):
+    """The interface; the torch reference is its default."""
+
+    name: str
+
+    def slot_check(
+        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch's write slots and read rows after its slot verdict, and the verdict, not waited for
+        (engine/step/slots.py's redirected_slots)."""
+        return redirected_slots(page_table, query, limits, padded)
+
+    def greedy_step(
+        self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A captured step's end: the greedy tokens, kept as the rows' last tokens, and the payload for the host
+        (keep_tokens)."""
+        tokens = greedy_tokens(logits)
+        return tokens, keep_tokens(tokens, last_tokens, rows, flags)
+
+    def declines(self, op: str, *args: object) -> str | None:
+        """Why these kernels hand op(*args) to the torch reference, or None where they run it themselves."""
+        return None
+
+
+class TorchStepKernels(StepKernels):
+    name = "torch"
+
+
+TORCH_STEP_KERNELS = TorchStepKernels()  # stateless, shared
+
+
+class TritonStepKernels(StepKernels):
+    name = "triton"
+
+    def __init__(self) -> None:
+        from .triton import greedy_step, slot_check  # CUDA only, where Triton ships with torch
+
+        self._slot_check, self._greedy_step = slot_check, greedy_step
+
+    def slot_check(
+        self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._slot_check(page_table, query, limits.num_slots, limits.page_size, limits.max_rows, padded)
+
+    def greedy_step(
+        self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.declines("greedy_step", logits, last_tokens, rows, flags) is not None:
+            return super().greedy_step(logits, last_tokens, rows, flags)
+        return self._greedy_step(logits, last_tokens, rows, flags)
+
+    def declines(self, op: str, *args: object) -> str | None:
+        if op == "greedy_step":
+            logits = args[0]
+            assert isinstance(logits, torch.Tensor)
+            if logits.dtype != torch.float32 or logits.stride(1) != 1:
+                return "the argmax kernel reads float32 logits with unit column stride"
+        return None
+
+
+STEP_KERNELS: Registry[Callable[[], StepKernels]] = Registry("step_kernels", preferred=("triton",))
+"""Step kernel implementations by name (EngineConfig.step_kernels); a factory returns a StepKernels."""
+STEP_KERNELS.register("torch", lambda: TORCH_STEP_KERNELS)
+STEP_KERNELS.register("triton", TritonStepKernels, Requires(devices=("cuda",), package="triton"))

@@ -1,0 +1,121 @@
+"""A step's outputs and its undo. ForwardOutput hands the tokens out (on the device at once, on the host behind an
+event); StepRecord holds what undoing the step needs, handed the parts of the engine it touches (the live rows, the
+rows' last tokens, the device) rather than the engine, and words the step's error after the undo."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..core import Batch
+from ..device import Device, Event, upload
+from ..sample import BatchSamplingArgs
+from ..validate import Limits
+from .slots import slot_error
+
+# The sampler's raise_for_rows: NonFiniteLogitsError for these batch rows.
+RaiseForRows = Callable[[list[int], BatchSamplingArgs, torch.Tensor], None]
+
+
+@dataclass
+class ForwardOutput:
+    """One step's tokens: on the device at once (the caller's current stream is ordered after the step, so its reads
+    of the device tensors see them written), on the host behind copy_done_event. The step's errors (a row with
+    nothing to sample, a page table that failed the slot checks) travel with the host tokens and are raised by
+    result(), after the step is undone."""
+
+    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
+    copy_done_event: Event
+    logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
+    # int32 [2 n + 1], pinned on CUDA (n: the batch's size, or its padded size when a captured step wrote it): the
+    # tokens, the slot verdict, and the rows' last tokens before the step (what undo puts back)
+    host: torch.Tensor
+    step: StepRecord
+
+    def wait(self) -> None:
+        self.copy_done_event.synchronize()
+
+    @property
+    def failed(self) -> bool:
+        """Whether result() will raise (waits for the host tokens)."""
+        self.wait()
+        return self.step.failed(self.host)
+
+    def undo(self) -> None:
+        """Put every request of the step (cached_len and device_len as before prepare_batch), the live rows, the
+        random streams and the rows' device tokens back (once). A driver running a later step undoes that one
+        first."""
+        self.wait()
+        self.step.undo(self.host)
+
+    def result(self) -> torch.Tensor:
+        """Wait for the host tokens and return them (int32 [bs]); if the step failed, undo it and raise
+        (InvalidRequestError for the slots, NonFiniteLogitsError for a row with nothing to sample)."""
+        if self.failed:
+            self.undo()
+            self.step.raise_error(self.host)
+        return self.host[: self.step.size]
+
+    @property
+    def next_tokens_cpu(self) -> torch.Tensor:
+        """int32 [bs]: result()."""
+        return self.result()
+
+
+@dataclass
+class StepRecord:
+    """What undoing one step needs, and its error."""
+
+    batch: Batch
+    args: BatchSamplingArgs
+    logits: torch.Tensor
+    undo_draws: Callable[[], None]
+    live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
+    live_rows: dict[int, tuple[int, int]]  # the engine's, changed in place
+    last_tokens: torch.Tensor  # the engine's rows' last tokens, on its device
+    device: Device
+    raise_for_rows: RaiseForRows
+    page_table: torch.Tensor
+    limits: Limits
+    undone: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+    def refused(self, host: torch.Tensor) -> bool:
+        return bool(host[(host.numel() - 1) // 2])
+
+    def failed(self, host: torch.Tensor) -> bool:
+        return bool((host[: self.size] < 0).any()) or self.refused(host)
+
+    def undo(self, host: torch.Tensor) -> None:
+        if self.undone:
+            return
+        self.undone = True
+        batch, live_rows = self.batch, self.live_rows
+        for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
+            req.cached_len, req.device_len = cached_len, device_len
+        for (row, live), req, end in zip(self.live_before, batch.reqs, batch.ends):
+            if live_rows.get(row) != (end, req.uid):
+                continue  # released (or taken over) since: the row is no longer this step's to put back
+            if live is None:
+                live_rows.pop(row, None)
+            else:
+                live_rows[row] = live
+        start = (host.numel() + 1) // 2
+        before = torch.tensor(host[start : start + self.size].tolist(), dtype=torch.int32)
+        rows = torch.tensor([req.table_idx for req in batch.reqs])
+        device = self.device.torch_device
+        with self.device.stream_context():
+            self.last_tokens.index_copy_(0, upload(rows, device), upload(before, device))
+        self.undo_draws()
+
+    def raise_error(self, host: torch.Tensor) -> None:
+        if self.refused(host):
+            raise slot_error(self.batch, self.page_table, self.limits, self.live_rows)
+        bad = (host[: self.size] < 0).nonzero().flatten().tolist()
+        self.raise_for_rows(bad, self.args, self.logits)
+

@@ -1,0 +1,194 @@
+"""Triton kernels of the decode step on CUDA: the slot checks with their redirect (engine/step/slots.py states
+them) in a few launches instead of ~30 torch ops, and a captured step's greedy tokens (engine/sample.py's rule)
+with what the engine keeps of them. Imported only on CUDA machines that have Triton."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .slots import SlotQuery
+
+# ---- the slot checks ------------------------------------------------------------------------------------------
+SLOT_BLOCK = 256
+
+
+@triton.jit
+def _slot_mark_kernel(
+    table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, starts_ptr, others_ptr, other_lens_ptr, n_batch, hits_ptr,
+    flag_ptr, out_ptr, num_slots, PS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Row i (the batch's first, then the live rows outside it), columns of block b: flag a read slot outside the
+    pool or off the page structure; mark cached slots 2 and add 1 per written one; write out_loc."""
+    i = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    batch = i < n_batch
+    other = tl.maximum(i - n_batch, 0)
+    if batch:
+        row = tl.load(rows_ptr + i)
+        length = tl.load(len_ptr + i)
+        cached = tl.load(cached_ptr + i)
+    else:  # a live row's slots all count as cached
+        row = tl.load(others_ptr + other)
+        length = tl.load(other_lens_ptr + other)
+        cached = length
+    used = j < length
+    slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
+    in_pool = (slot >= 0) & (slot < num_slots)
+    bad = used & ~in_pool
+    if PS > 1:
+        first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
+        bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
+    tl.atomic_max(flag_ptr, tl.max((bad & batch).to(tl.int32), axis=0))
+    tl.store(hits_ptr + slot, 2, mask=used & in_pool & (j < cached))
+    written = used & (j >= cached) & batch
+    tl.atomic_add(hits_ptr + slot, 1, mask=written & in_pool)
+    tl.store(out_ptr + tl.load(starts_ptr + tl.minimum(i, n_batch - 1)) + j - cached, slot, mask=written)
+
+
+@triton.jit
+def _slot_count_kernel(
+    table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, hits_ptr, flag_ptr, num_slots, BLOCK: tl.constexpr
+):
+    """Flag a written slot counted more than once: cached (2) or written twice (1 + 1), in whatever order the
+    marks landed."""
+    i = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(rows_ptr + i)
+    written = (j < tl.load(len_ptr + i)) & (j >= tl.load(cached_ptr + i))
+    slot = tl.load(table_ptr + row * stride_row + j, mask=written, other=-1)
+    written = written & (slot >= 0) & (slot < num_slots)
+    hits = tl.load(hits_ptr + slot, mask=written, other=0)
+    tl.atomic_max(flag_ptr, tl.max((hits > 1).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _slot_redirect_kernel(
+    out_ptr, table_rows_ptr, rows_ptr, len_ptr, flag_ptr, n_tokens, n_batch, dummy_slot, dummy_row,
+    PADDED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """After the verdict: a refused batch writes only the dummy page and reads only the dummy row; padding rows
+    (device_len 0, one token each) write the dummy page."""
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    refused = tl.load(flag_ptr) > 0
+    tok = k < n_tokens
+    to_dummy = refused
+    if PADDED:
+        to_dummy = to_dummy | (tl.load(len_ptr + k, mask=tok, other=1) == 0)
+    loc = tl.load(out_ptr + k, mask=tok, other=0)
+    tl.store(out_ptr + k, tl.where(to_dummy, dummy_slot, loc), mask=tok)
+    req = k < n_batch
+    rows = tl.load(rows_ptr + k, mask=req, other=0)
+    tl.store(table_rows_ptr + k, tl.where(refused, dummy_row, rows), mask=req)
+
+
+def slot_check(
+    page_table: torch.Tensor, q: SlotQuery, num_slots: int, page_size: int, dummy_row: int, padded: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """slots.redirected_slots's results (out_loc int32 [tokens], table_rows int64 [requests], refused bool [])
+    in three launches after two fills."""
+    device = page_table.device
+    n, m, t = len(q.rows), len(q.others), len(q.positions)
+    hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    out_loc = torch.empty(t, dtype=torch.int32, device=device)
+    table_rows = torch.empty(n, dtype=torch.int64, device=device)
+    blocks = triton.cdiv(max(q.max_len, q.max_other_len), SLOT_BLOCK)
+    stride = page_table.stride(0)
+    _slot_mark_kernel[(n + m, blocks)](
+        page_table, stride, q.rows, q.cached, q.device_len, q.starts, q.others, q.other_lens, n, hits, flag, out_loc,
+        num_slots, PS=page_size, BLOCK=SLOT_BLOCK,
+    )
+    _slot_count_kernel[(n, triton.cdiv(q.max_len, SLOT_BLOCK))](
+        page_table, stride, q.rows, q.cached, q.device_len, hits, flag, num_slots, BLOCK=SLOT_BLOCK
+    )
+    _slot_redirect_kernel[(triton.cdiv(max(t, n), SLOT_BLOCK),)](
+        out_loc, table_rows, q.rows, q.device_len, flag, t, n, num_slots, dummy_row, PADDED=padded, BLOCK=SLOT_BLOCK
+    )
+    return out_loc, table_rows, flag[0] > 0
+
+
+# ---- a captured decode step's greedy tokens (engine/sample.py's rule) and what the engine keeps of them ----------
+ARGMAX_BLOCK = 2048
+ARGMAX_SPLITS = 16
+
+
+@triton.jit
+def _argmax_part_kernel(logits_ptr, stride_row, vocab, chunk, max_ptr, idx_ptr, nan_ptr, BLOCK: tl.constexpr):
+    """Row r, split s: the largest non-NaN logit of the split's chunk, its first index, and whether a NaN is in it."""
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    splits = tl.num_programs(1)
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, vocab)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK], 2**31 - 1, tl.int32)
+    nan = tl.zeros([BLOCK], tl.int32)
+    start = lo
+    while start < hi:
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + r * stride_row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+        is_nan = x != x
+        nan = nan | is_nan.to(tl.int32)
+        x = tl.where(is_nan, float("-inf"), x)
+        take = x > best  # strictly: an equal value later in the lane keeps the earlier index
+        best_idx = tl.where(take, offs, best_idx)
+        best = tl.where(take, x, best)
+        start += BLOCK
+    m = tl.max(best, axis=0)
+    # A row (or split) of -inf only: its first index, as torch's argmax gives.
+    first = tl.min(tl.where((best == m) & (best_idx < hi), best_idx, 2**31 - 1), axis=0)
+    first = tl.where(first == 2**31 - 1, lo, first)
+    tl.store(max_ptr + r * splits + s, m)
+    tl.store(idx_ptr + r * splits + s, first)
+    tl.store(nan_ptr + r * splits + s, tl.max(nan, axis=0))
+
+
+@triton.jit
+def _greedy_keep_kernel(
+    max_ptr, idx_ptr, nan_ptr, last_ptr, rows_ptr, flag_ptr, tokens_ptr, payload_ptr, bs, splits,
+    S_PAD: tl.constexpr,
+):
+    """Row r: merge the splits into its token (-1 when nothing to sample), keep it as its row's last token (0 for
+    -1) and write the payload: tokens, slot verdict, the rows' last tokens before."""
+    r = tl.program_id(0)
+    s = tl.arange(0, S_PAD)
+    ok = s < splits
+    vals = tl.load(max_ptr + r * splits + s, mask=ok, other=float("-inf"))
+    idxs = tl.load(idx_ptr + r * splits + s, mask=ok, other=2**31 - 1)
+    nan = tl.max(tl.load(nan_ptr + r * splits + s, mask=ok, other=0), axis=0)
+    m = tl.max(vals, axis=0)
+    first = tl.min(tl.where(vals == m, idxs, 2**31 - 1), axis=0)
+    bad = (nan > 0) | (m == float("inf")) | (m == float("-inf"))
+    token = tl.where(bad, -1, first)
+    row = tl.load(rows_ptr + r)
+    before = tl.load(last_ptr + row)
+    tl.store(last_ptr + row, tl.maximum(token, 0))
+    tl.store(tokens_ptr + r, token)
+    tl.store(payload_ptr + r, token)
+    tl.store(payload_ptr + bs + 1 + r, before)
+    if r == 0:
+        tl.store(payload_ptr + bs, tl.load(flag_ptr).to(tl.int32))
+
+
+def greedy_step(
+    logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """StepKernels.greedy_step in two launches."""
+    bs, vocab = logits.shape
+    splits = min(ARGMAX_SPLITS, triton.cdiv(vocab, ARGMAX_BLOCK))
+    chunk = triton.cdiv(vocab, splits)
+    part_max = torch.empty(bs, splits, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(bs, splits, dtype=torch.int32, device=logits.device)
+    part_nan = torch.empty(bs, splits, dtype=torch.int32, device=logits.device)
+    _argmax_part_kernel[(bs, splits)](
+        logits, logits.stride(0), vocab, chunk, part_max, part_idx, part_nan, BLOCK=ARGMAX_BLOCK, num_warps=8
+    )
+    tokens = torch.empty(bs, dtype=torch.int32, device=logits.device)
+    payload = torch.empty(2 * bs + 1, dtype=torch.int32, device=logits.device)
+    _greedy_keep_kernel[(bs,)](
+        part_max, part_idx, part_nan, last_tokens, rows, flags, tokens, payload, bs, splits,
+        S_PAD=triton.next_power_of_2(splits),
+    )
+    return tokens, payload
