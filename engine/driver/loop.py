@@ -18,20 +18,19 @@ DECODE_LOOKAHEAD = 32
 
 @dataclass(frozen=True)
 class Rewind:
-    """What the driver itself changed on the requests for a launch, as it was before: each running request's
-    device_len and prefill chunks (the engine undoes its own part)."""
+    """What the driver alone changed for a launch, as it was before: each running request's prefill chunks (the
+    engine's step record puts back the requests' lengths)."""
 
-    saved: tuple[tuple[RequestState, int, int, tuple[int, ...]], ...]
+    saved: tuple[tuple[RequestState, int, tuple[int, ...]], ...]
 
     @classmethod
     def of(cls, seqs: list[RequestState]) -> Rewind:
-        return cls(tuple((seq, seq.req.cached_len, seq.req.device_len, tuple(seq.chunks)) for seq in seqs))
+        return cls(tuple((seq, seq.req.cached_len, tuple(seq.chunks)) for seq in seqs))
 
     def restore(self) -> None:
-        """Put back the requests whose pass did not complete (those the engine has put back to their cached_len)."""
-        for seq, cached_len, device_len, chunks in self.saved:
+        """Put back the chunk queues of requests whose pass did not complete (back at their cached_len)."""
+        for seq, cached_len, chunks in self.saved:
             if seq.req.cached_len == cached_len:
-                seq.req.device_len = device_len
                 seq.chunks = deque(chunks)
 
 
@@ -119,19 +118,17 @@ class Loop:
             out.append((seq, req.cached_len + n))
         return out
 
-    def next_pass(self) -> tuple[list[RequestState], Rewind, str] | None:
-        """The next pass: its requests (prefill targets with their new device_len), the Rewind of every running
+    def next_pass(self) -> tuple[list[RequestState], list[int] | None, Rewind, str] | None:
+        """The next pass: its requests, their chunk ends (prefill; None for decode), the Rewind of every running
         request and the phase; None when nothing can run. A request whose tokens are all sampled, waiting for the
         host, is left out."""
         rewind = Rewind.of(list(self.requests.running.values()))
         targets = self.prefill_targets()
         if targets:
-            for seq, end in targets:
-                seq.req.device_len = end
-            return [s for s, _ in targets], rewind, "prefill"
+            return [s for s, _ in targets], [end for _, end in targets], rewind, "prefill"
         seqs = [s for s in self.requests.running.values()
                 if s.req.device_len - s.prompt_len < s.req.sampling_params.max_tokens]
-        return (seqs, rewind, "decode") if seqs else None
+        return (seqs, None, rewind, "decode") if seqs else None
 
     def launch(self) -> Launch | None:
         """Build and start the next pass on the device without waiting for it; None when nothing can run. If
@@ -139,18 +136,18 @@ class Loop:
         planned = self.next_pass()
         if planned is None:
             return None
-        seqs, rewind, phase = planned
+        seqs, ends, rewind, phase = planned
         granted: list[RequestState] = []
         try:
-            if phase == "prefill":
-                granted = self.pages.map(seqs, [s.req.device_len for s in seqs])
+            if ends is not None:
+                granted = self.pages.map(seqs, ends)
             else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
                 ps = self.pages.page_size
                 granted = self.pages.map(
                     seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * ps) for s in seqs]
                 )
-            partial = [s.req.is_partial_prefill for s in seqs]
-            batch, args = self.engine.prepare_batch([s.req for s in seqs], phase)  # type: ignore[arg-type]
+            partial = [end < s.req.num_tokens for s, end in zip(seqs, ends or [s.req.device_len for s in seqs])]
+            batch, args = self.engine.prepare_batch([s.req for s in seqs], phase, ends)  # type: ignore[arg-type]
             return Launch(seqs, partial, self.engine.forward_batch(batch, args), rewind, granted)
         except BaseException:
             self.pages.unmap(granted)
