@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 Phase = Literal["prefill", "decode"]
 
 
-_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+_FLOAT32_TINY = 1.1754943508222875e-38
 
 
 @dataclass(frozen=True)
@@ -145,15 +145,15 @@ class Batch:
     out_loc: torch.Tensor = _EMPTY_INT32
     # int64 [padded_size]: the rows attention reads; all the dummy row when the slot verdict fails.
     table_rows: torch.Tensor = _EMPTY_INT32
-    rows: torch.Tensor = _EMPTY_INT32  # int64 [size]: each request's own row
-    slot_flags: torch.Tensor = _EMPTY_INT32  # bool: the slot verdict (any True: refused)
+    rows: torch.Tensor = _EMPTY_INT32  # int64 [size]
+    slot_flags: torch.Tensor = _EMPTY_INT32  # bool: any True refuses the step
     padded_reqs: list[Req] = field(default_factory=list)
     # A graph batch's packed host inputs (engine/step/inputs.py); None for an eager pass.
     packed_inputs: tuple[torch.Tensor, InputLayout] | None = None
     attn_metadata: BaseAttnMetadata | None = None
     # Each request's (cached_len, device_len) at prepare_batch: a batch runs once, and the undo restores them.
     spans: list[tuple[int, int]] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)  # the device_len each request runs to
+    ends: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.padded_reqs:

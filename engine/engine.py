@@ -39,7 +39,7 @@ from .validate import Limits, check_ends, check_fresh, check_memory, validate_ba
 @dataclass(frozen=True)
 class _Choices:
     attention: str
-    moe: Any  # the MoE backend instance
+    moe: Any
     kernels: LayerKernels
     step: StepKernels
     sampler: str
@@ -52,14 +52,14 @@ class Engine:
         self.config = config
         self._closed = False
         self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter
-        self._release_threads: Callable[[], object] = lambda: None  # set where a thread count is claimed
+        self._release_threads: Callable[[], object] = lambda: None
         # Page-table row -> (cached tokens, uid) of its last request: no other may write there until release_rows.
         self.live_rows: dict[int, tuple[int, int]] = {}
         self._claim: weakref.ref[object] | None = None
         self._init_tp()
         choices = self._init_device()
         self._init_comm()
-        free_here = self.device.free_memory()  # before the model lands
+        free_here = self.device.free_memory()
         free_before = self.comm.min_int(free_here)
         self._load_model(choices, free_before, free_here)
         self._init_kv_cache(free_before)
@@ -133,7 +133,6 @@ class Engine:
         self.model_bytes = model_footprint(param_bytes, measured)
 
     def _init_kv_cache(self, free_before: int) -> None:
-        """num_pages + 1 pages: the last is the dummy's."""
         config = self.config
         if config.num_page_override is not None:
             num_pages = config.num_page_override
@@ -273,7 +272,6 @@ class Engine:
         batch.table_rows, batch.rows, batch.slot_flags = inputs.table_rows, inputs.rows, inputs.flags
 
     def _wait_for_caller(self) -> None:
-        """The engine's stream waits for the caller's (its page-table and KV writes)."""
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 

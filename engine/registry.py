@@ -31,8 +31,6 @@ INSTALL_HINTS = {
 
 @dataclass(frozen=True)
 class Where:
-    """What an implementation is asked to serve."""
-
     device: torch.device
     dtype: torch.dtype
     head_dim: int
@@ -100,7 +98,7 @@ class Registry(Generic[F]):
         self._entries: dict[str, Entry[F]] = {}
 
     def register(self, name: str, factory: F, requires: Requires = ANYWHERE, replace: bool = False) -> None:
-        """Add `name`, usable wherever `requires` holds."""
+        """Add `name`, usable wherever `requires` holds; a taken name needs replace=True."""
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"{self.option}: {name!r} cannot be registered; use a non-empty name other than 'auto'")
         if name in self._entries and not replace:

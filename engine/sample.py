@@ -16,7 +16,7 @@ from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 
-_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
+_SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
 
 
@@ -25,14 +25,14 @@ class BatchSamplingArgs:
     """What prepare() hands every hook: one entry per batch row, tensors on the sampler's device."""
 
     all_greedy: bool
-    greedy: torch.Tensor  # bool [bs]
+    greedy: torch.Tensor
     temperature: torch.Tensor  # float32 [bs]; 1.0 on greedy rows, never read there
     top_k: torch.Tensor | None  # int64 [bs], vocab on rows without top-k; None when no row uses it
     top_k_max: int  # the largest k below vocab that a sampled row asks for (0 when top_k is None)
     top_p: torch.Tensor | None  # float64 [bs]: the cut 1 - top_p is taken in double and then rounded, as HF does
-    min_p: torch.Tensor | None  # float32 [bs]
+    min_p: torch.Tensor | None
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
-    uids: list[int] = field(default_factory=list)  # the rows' request uids, for error messages
+    uids: list[int] = field(default_factory=list)
 
 
 def step_seed(seed: int, position: int) -> int:
@@ -83,7 +83,7 @@ class BaseSampler(ABC):
 
         row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
         uids = [r.uid for r in reqs]
-        if all_greedy:  # the row tensors are never read: share one set per batch size instead of uploading
+        if all_greedy:  # the row tensors are never read: share one set per batch size
             if len(reqs) not in self._greedy_rows:
                 self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
             flags, ones = self._greedy_rows[len(reqs)]
@@ -259,10 +259,9 @@ class Sampler(BaseSampler):
         return samples
 
     def flashinfer_probs(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """What flashinfer_draw samples from, through FlashInfer's renorm kernels."""
         probs, top_k, top_p = self._flashinfer_filters(probs, args)
         probs = self._fi.top_k_renorm_probs(probs, top_k)
-        off = top_p >= 1.0  # the renorm kernel takes top_p in (0, 1]; such a row keeps every token
+        off = top_p >= 1.0
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
 
@@ -303,7 +302,6 @@ def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: to
 
 
 def _stand_in(logits: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    """logits with each bad row a one-hot on token 0, so the draw never sees a row with nothing to sample."""
     one_hot = torch.full_like(logits[:1], float("-inf"))
     one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
     return torch.where(bad.unsqueeze(1), one_hot, logits)

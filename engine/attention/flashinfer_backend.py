@@ -27,8 +27,8 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 class PagedKVIndex:
     qo_indptr: torch.Tensor  # int32 [bs + 1]: new tokens of request i are qo_indptr[i]:qo_indptr[i+1]
     kv_indptr: torch.Tensor  # int32 [bs + 1]: pages of request i are kv_indices[kv_indptr[i]:kv_indptr[i+1]]
-    kv_last_page_len: torch.Tensor  # int32 [bs], in [1, page_size]
-    pages: torch.Tensor  # int64 [bs]: each request's page count
+    kv_last_page_len: torch.Tensor  # int32 [bs]
+    pages: torch.Tensor  # int64 [bs]
 
 
 def build_paged_kv_index(reqs: Sequence[Req], page_size: int) -> PagedKVIndex:
@@ -49,7 +49,6 @@ def kv_page_ids(
     device = page_table.device
     total = int(index.kv_indptr[-1])
     n = len(index.pages)
-    # Flat position of page p (counted over the whole batch) = base[owner] + p * page_size.
     packed = upload(torch.cat([-index.kv_indptr[:-1].to(torch.int64) * page_size, index.pages]), device)
     base = table_rows * page_table.shape[1] + packed[:n]
     starts = torch.repeat_interleave(base, packed[n:], output_size=total)
@@ -77,9 +76,9 @@ def graph_page_ids(
 @dataclass
 class FlashInferMetadata(BaseAttnMetadata):
     index: PagedKVIndex
-    kv_indices: torch.Tensor  # int32 page ids on the device
+    kv_indices: torch.Tensor
     last_indices: torch.Tensor
-    wrapper: Any = None  # the wrapper this batch's forward runs; None until planned
+    wrapper: Any = None  # None until planned
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -120,11 +119,10 @@ class FlashInferAttnBackend(BaseAttnBackend):
             **graph_buffers,
         )
 
-    # ---- metadata and planning ------------------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
         index = build_paged_kv_index(batch.padded_reqs, self.page_size)
         kv_indices = kv_page_ids(self.page_table, batch.table_rows, index, self.page_size)
-        if batch.is_decode:  # one token per request
+        if batch.is_decode:
             last = torch.arange(batch.padded_size, device=self.device)
         else:
             last = upload((index.qo_indptr[1:] - 1).to(torch.int64), self.device)
@@ -162,7 +160,6 @@ class FlashInferAttnBackend(BaseAttnBackend):
         kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q.contiguous(), kv)
 
-    # ---- CUDA graphs ------------------------------------------------------------------------------------------
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         max_bs = max(bs_list)
         pages_per_req = math.ceil(max_seq_len / self.page_size)
@@ -182,7 +179,7 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.prepare_for_replay(batch)
 
     def graph_metadata(self, batch: Batch) -> None:
-        from .page_ids import page_ids  # CUDA only, where Triton ships with torch
+        from .page_ids import page_ids
 
         page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
                  self._graph_max_pages, self.page_size, self._graph_kv_indices)

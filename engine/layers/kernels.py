@@ -23,8 +23,6 @@ if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
 
 
 class HeadNorm(Protocol):
-    """A per-head RMSNorm module (Qwen3's q_norm / k_norm)."""
-
     @property
     def weight(self) -> torch.Tensor: ...
     @property
@@ -47,7 +45,7 @@ class LayerKernels(ABC):
 
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """HF's RMSNorm of x over its last dim."""
+        """HF's RMSNorm over the last dim."""
 
     @abstractmethod
     def add_rms_norm(
@@ -113,7 +111,7 @@ class TorchKernels(LayerKernels):
         v_slots[index] = v.to(v_slots.dtype)
 
 
-TORCH_KERNELS = TorchKernels()  # stateless: shared
+TORCH_KERNELS = TorchKernels()
 
 
 class TritonKernels(LayerKernels):

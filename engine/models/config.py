@@ -23,7 +23,6 @@ MAX_COUNT = 2**31 - 1  # a product of a few counts stays inside torch's int64 si
 class RopeConfig:
     theta: float
     rope_type: str = "default"
-    # llama3 scaling
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -46,15 +45,13 @@ class ModelConfig:
     rope: RopeConfig
     attention_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
-    # Sparse MoE (Qwen3-MoE); 0 experts: dense MLPs.
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    # The TP rank this config was sharded for: the heads and MLP width above are its share.
-    tp: TPInfo = TPInfo()
+    tp: TPInfo = TPInfo()  # the rank sharded for: the heads and MLP width are its share
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -184,7 +181,7 @@ def _positive_float(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, sec
 def _to_float(value: float) -> float:
     try:
         return float(value)
-    except OverflowError:  # an integer past float range, e.g. 400 digits
+    except OverflowError:
         return math.inf
 
 

@@ -24,11 +24,11 @@ _PLACEHOLDER = [0]
 @dataclass
 class BatchInputs:
     ids: torch.Tensor  # int32 [tokens]
-    positions: torch.Tensor  # int64 [tokens], also their page-table columns
-    out_loc: torch.Tensor  # int32 [tokens]: the KV slots written
-    rows: torch.Tensor  # int64 [requests]: each request's page-table row
-    table_rows: torch.Tensor  # int64 [requests]: the rows read (the dummy row when refused)
-    flags: torch.Tensor  # bool [1]: the slot verdict (True: refused)
+    positions: torch.Tensor  # int64 [tokens]
+    out_loc: torch.Tensor  # int32 [tokens]
+    rows: torch.Tensor  # int64 [requests]
+    table_rows: torch.Tensor  # int64 [requests]: the dummy row when refused
+    flags: torch.Tensor  # bool [1]: the slot verdict
 
 
 def pack_inputs(

@@ -22,7 +22,7 @@ class ForwardOutput:
     """One step's tokens: on the device at once (the caller's stream is ordered after the step), on the host behind
     copy_done_event; result() raises the step's errors after undoing it."""
 
-    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
+    next_tokens_gpu: torch.Tensor  # int32 [bs]; -1 on a row with nothing to sample
     copy_done_event: Event
     logits: torch.Tensor  # float32 [bs, vocab]
     # int32 [2 n + 1] (n: batch or padded size): tokens, slot verdict, the rows' last tokens before the step
@@ -63,7 +63,7 @@ class StepRecord:
     args: BatchSamplingArgs
     logits: torch.Tensor
     undo_draws: Callable[[], None]
-    live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
+    live_before: list[tuple[int, tuple[int, int] | None]]
     live_rows: dict[int, tuple[int, int]]  # the engine's, changed in place
     last_tokens: torch.Tensor
     device: Device

@@ -17,25 +17,26 @@ from ..validate import Limits
 
 @dataclass
 class SlotQuery:
-    rows: torch.Tensor  # int64 [n]: each request's page-table row
-    cached: torch.Tensor  # int64 [n]: cached_len
-    device_len: torch.Tensor  # int64 [n]
-    starts: torch.Tensor  # int64 [n]: index of each request's first new token in the batch
-    token_req: torch.Tensor  # int64 [tokens]: the request of each new token
-    positions: torch.Tensor  # int64 [tokens]: its position, also its page-table column
-    others: torch.Tensor  # int64 [m]: live rows outside the batch
-    other_lens: torch.Tensor  # int64 [m]: their cached lengths
-    max_len: int  # the longest device_len
-    max_other_len: int  # the longest of other_lens (0 without live rows outside)
+    # int64 [n] per request, [tokens] per new token, [m] per live row outside the batch
+    rows: torch.Tensor
+    cached: torch.Tensor
+    device_len: torch.Tensor
+    starts: torch.Tensor  # each request's first new token in the batch
+    token_req: torch.Tensor
+    positions: torch.Tensor
+    others: torch.Tensor
+    other_lens: torch.Tensor
+    max_len: int
+    max_other_len: int
 
 
 @dataclass
 class SlotFaults:
     """Per-slot bool masks of where a batch breaks the rule."""
 
-    out_of_pool: torch.Tensor  # [n, max_len]: a read slot outside [0, num_slots)
-    off_page: torch.Tensor | None  # [n, max_len]: a read slot off its page's structure (page_size > 1 only)
-    overwrite: torch.Tensor | None  # [tokens]: a written slot written twice or holding cached KV
+    out_of_pool: torch.Tensor  # [n, max_len]
+    off_page: torch.Tensor | None  # [n, max_len], page_size > 1 only
+    overwrite: torch.Tensor | None  # [tokens]
 
     def verdict(self) -> torch.Tensor:
         return torch.stack([m.any() for m in (self.out_of_pool, self.off_page, self.overwrite) if m is not None])
@@ -104,7 +105,7 @@ def slot_faults(
             hits.index_fill_(0, torch.where(held, live, num_slots).flatten().long(), 2)
         written = torch.where((out_loc >= 0) & (out_loc < num_slots), out_loc, num_slots).long()
         hits.index_add_(0, written, torch.ones_like(written, dtype=torch.int32))
-        hits[num_slots:].zero_()  # the spare entry out-of-range positions point at
+        hits[num_slots:].zero_()
         overwrite = hits[written] > 1
     return SlotFaults(out_of_pool, off_page, overwrite)
 
