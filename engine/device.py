@@ -155,7 +155,6 @@ class ThreadCount:
         self._lock = threading.Lock()
 
     def claim(self, threads: int) -> int:
-        """Set the count; returns the token release() takes."""
         with self._lock:
             if not self._holders:
                 self._saved = torch.get_num_threads()

@@ -51,7 +51,7 @@ class GraphRunner:
         self.sampled_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.sampled_outputs: dict[int, StepOutputs] = {}
         self.layouts: dict[int, InputLayout] = {}
-        self.inputs: torch.Tensor | None = None  # the static packed inputs
+        self.inputs: torch.Tensor | None = None
         self._backend: BaseAttnBackend | None = None
 
     @property

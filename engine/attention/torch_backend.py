@@ -89,7 +89,7 @@ class TorchAttnBackend(BaseAttnBackend):
         """One query per request, all requests in one SDPA call."""
         if meta.decode_slots is None:
             lens = [len(slots) for slots in meta.kv_slots]
-            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(meta.kv_slots, batch_first=True)  # pads with slot 0
+            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(meta.kv_slots, batch_first=True)
             if min(lens) != max(lens):
                 real = torch.arange(max(lens), device=q.device) < torch.tensor(lens, device=q.device)[:, None]
                 meta.decode_mask = real[:, None, None, :]
@@ -98,6 +98,6 @@ class TorchAttnBackend(BaseAttnBackend):
         # index_select, not k_slots[slots]: advanced indexing of whole rows is slower on CPU.
         ki = k_slots.index_select(0, flat).view(bs, longest, *k_slots.shape[1:]).transpose(1, 2).to(q.dtype)
         vi = v_slots.index_select(0, flat).view(bs, longest, *v_slots.shape[1:]).transpose(1, 2).to(q.dtype)
-        qi = q.view(bs, 1, *q.shape[1:]).transpose(1, 2)  # [bs, heads, 1, dim]
+        qi = q.view(bs, 1, *q.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=meta.decode_mask, enable_gqa=gqa)
         return out.transpose(1, 2).reshape(q.shape)

@@ -60,7 +60,6 @@ class TritonDecodeBackend(BaseAttnBackend):
             meta.seq_lens, self.scale, meta.num_splits,
         )
 
-    # ---- CUDA graphs: nothing to plan; the lengths and rows are read on the device -------------------------
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         self._max_seq_len = max_seq_len
 

@@ -42,7 +42,6 @@ class PageOrder(Protocol):
 
 
 class Contiguous:
-    """Ascending free list; each request takes its pages in one run."""
 
     def free_list(self, num_pages: int) -> list[int]:
         return list(range(num_pages))
@@ -53,7 +52,6 @@ class Contiguous:
 
 @dataclass(frozen=True)
 class Shuffled(Contiguous):
-    """The free list is a seeded permutation."""
 
     seed: int
 
@@ -64,7 +62,7 @@ class Shuffled(Contiguous):
 
 
 class Interleaved(Contiguous):
-    """A batch takes pages round-robin across its requests, so their pages alternate in memory."""
+    """A batch takes pages round-robin across its requests."""
 
     def grants(self, need: Sequence[int]) -> list[int]:
         return [i for r in range(max(need, default=0)) for i, k in enumerate(need) if k > r]

@@ -67,7 +67,6 @@ class Requests:
         self.next_uid = 0
 
     def check(self, prompt_ids: object, params: object, chunk_sizes: object, where: str = "") -> Admission:
-        """The checks that do not depend on what else runs; `where` prefixes errors."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"{where}params must be a SamplingParams, got {type(params).__name__}")
         engine, allocator = self.engine, self.pages.allocator

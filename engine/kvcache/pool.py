@@ -44,7 +44,6 @@ class KVCachePool:
         return self.buffer[1, layer]
 
     def k_slots(self, layer: int) -> torch.Tensor:
-        """[slots, kv_heads, head_dim] view: the page and offset dims flattened to one slot index."""
         return self.buffer[0, layer].view(-1, self.num_kv_heads, self.head_dim)
 
     def v_slots(self, layer: int) -> torch.Tensor:

@@ -144,7 +144,6 @@ def add_rms_norm(
 def norm_rope(
     x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, weight: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """x: [tokens, heads, head_dim] (rows may be strided) → a new contiguous tensor of the same shape."""
     tokens, heads, head_dim = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -187,7 +186,6 @@ def store_kv(
         )
 
 
-# ---- small-batch matrix products: one program per BLOCK_N output features, the whole K in-program -----------------
 GEMV_MAX_ROWS = 8
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 

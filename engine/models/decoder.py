@@ -84,7 +84,7 @@ class DecoderBody(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Returns logits of the last token of each request in the batch (float32)."""
+    """float32 logits of each request's last token."""
 
     qk_norm = False
 

@@ -44,7 +44,6 @@ class FusedMoE(nn.Module):
         return [f"{e}.{p}" for e in range(self.num_experts) for p in projs]
 
     def shard_view(self, param: str, shard: str) -> torch.Tensor:
-        """The slice of `param` that the per-expert checkpoint tensor named by `shard` fills."""
         expert_str, proj = shard.split(".")
         expert = int(expert_str)
         if expert >= self.num_experts:

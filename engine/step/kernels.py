@@ -51,14 +51,14 @@ class TorchStepKernels(StepKernels):
     name = "torch"
 
 
-TORCH_STEP_KERNELS = TorchStepKernels()  # stateless, shared
+TORCH_STEP_KERNELS = TorchStepKernels()
 
 
 class TritonStepKernels(StepKernels):
     name = "triton"
 
     def __init__(self) -> None:
-        from .triton import greedy_step, slot_check  # CUDA only, where Triton ships with torch
+        from .triton import greedy_step, slot_check
 
         self._slot_check, self._greedy_step = slot_check, greedy_step
 

@@ -21,8 +21,8 @@ class InputLayout:
     requests: int
     tokens: int
     others: int
-    max_len: int  # the longest device_len (a graph's: max_seq_len)
-    max_other_len: int  # the longest live length outside the batch (a graph's: max_seq_len)
+    max_len: int  # a graph's: max_seq_len
+    max_other_len: int  # a graph's: max_seq_len
     pending: Literal["none", "all", "some"]  # which ids come from the rows' last sampled tokens
     decode: bool
     padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page

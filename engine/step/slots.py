@@ -45,7 +45,7 @@ class SlotFaults:
 def redirected_slots(
     page_table: torch.Tensor, q: SlotQuery, limits: Limits, padded: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """slot_check, then (out_loc, table_rows, refused): a refused step (and padding, when padded) uses the dummy page."""
+    """slot_check, then (out_loc, table_rows, refused): a refused step (and padding) uses the dummy page."""
     out_loc, refused = slot_check(page_table, q, limits)
     to_dummy = refused | (q.device_len == 0) if padded else refused
     out_loc = torch.where(to_dummy, limits.num_slots, out_loc)

@@ -9,7 +9,6 @@ import triton.language as tl
 
 from .slots import SlotQuery
 
-# ---- the slot checks ------------------------------------------------------------------------------------------
 SLOT_BLOCK = 256
 
 
@@ -104,7 +103,6 @@ def slot_check(
     return out_loc, table_rows, flag[0] > 0
 
 
-# ---- a captured decode step's greedy tokens ------------------------------------------------------------------
 ARGMAX_BLOCK = 2048
 ARGMAX_SPLITS = 16
 
@@ -168,7 +166,6 @@ def _greedy_keep_kernel(
 def greedy_step(
     logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """StepKernels.greedy_step in two launches."""
     bs, vocab = logits.shape
     splits = min(ARGMAX_SPLITS, triton.cdiv(vocab, ARGMAX_BLOCK))
     chunk = triton.cdiv(vocab, splits)
