@@ -95,7 +95,7 @@ class EngineConfig:
     @cached_property
     def model_config(self) -> ModelConfig:
         model_config = ModelConfig.from_dir(self.model_path)
-        if not self.use_dummy_weight:  # dummy weights need no checkpoint
+        if not self.use_dummy_weight:
             check_checkpoint_size(model_config, self.model_path)
         return model_config
 

@@ -139,7 +139,6 @@ def physical_cores() -> int:
 
 
 def cpu_threads_for(tp_size: int) -> int | None:
-    """Threads for torch on CPU: physical cores / TP size, unless the user set OMP_NUM_THREADS."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     return max(1, physical_cores() // tp_size)

@@ -33,7 +33,6 @@ PackFn = Callable[[int], tuple[torch.Tensor, InputLayout]]
 
 
 def default_graph_bs(max_bs: int) -> list[int]:
-    """[1, 2, 4, 8, 16, 24, 32, …] up to max_bs."""
     sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
     sizes += list(range(16, max_bs + 1, 8))
     if not sizes or sizes[-1] != max_bs:

@@ -15,7 +15,7 @@ from .sample import BatchSamplingArgs
 
 @dataclass(frozen=True)
 class Limits:
-    max_rows: int  # max_running_req: page-table rows [0, max_rows) belong to requests
+    max_rows: int  # max_running_req; the dummy row is max_rows
     max_seq_len: int
     vocab: int
     num_slots: int  # num_pages * page_size; the dummy page starts here

@@ -85,7 +85,6 @@ def _merge_kernel(parts_ptr, lse_ptr, out_ptr, num_splits, S_PAD: tl.constexpr, 
 
 
 def block_n(group: int, head_dim: int) -> int:
-    """Tokens per iteration, 16 to 64, the product tile within TILE_VALUES."""
     per_token = triton.next_power_of_2(group) * head_dim
     return max(16, min(64, triton.next_power_of_2(TILE_VALUES // per_token + 1) // 2))
 

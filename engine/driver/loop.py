@@ -60,7 +60,6 @@ class Loop:
         self.max_prefill_tokens = max_prefill_tokens
 
     def step(self) -> dict[int, int]:
-        """One pass, waited for: {uid: new token}."""
         while True:
             launch = self.launch()
             if launch is None:

@@ -42,7 +42,6 @@ class RotaryEmbedding:
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
     def tables_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin cast to dtype (as HF does before the multiply), cached."""
         if dtype not in self._cast:
             self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
         return self._cast[dtype]

@@ -135,7 +135,7 @@ def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool
     params = dict(model.named_parameters())
     pending = {pname: _shards(model, pname) for pname in params}
     files, index = checkpoint_files(model_path)
-    seen: dict[str, str] = {}  # tensor → file
+    seen: dict[str, str] = {}
     for file in files:
         path = Path(model_path) / file
         try:

@@ -34,7 +34,6 @@ class ForwardOutput:
 
     @property
     def failed(self) -> bool:
-        """Whether result() will raise (waits)."""
         self.wait()
         return self.step.failed(self.host)
 
