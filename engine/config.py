@@ -34,8 +34,8 @@ class EngineConfig:
     dtype: torch.dtype | str = "auto"
     device: str = "auto"
     max_running_req: int = 16
-    attention_backend: str = "auto"
     # Each backend/kernels field names a registry entry: "torch" (the reference), a faster one, or "auto".
+    attention_backend: str = "auto"
     layer_kernels: str = "auto"
     step_kernels: str = "auto"
     moe_backend: str = "auto"
