@@ -105,7 +105,7 @@ class BaseSampler(ABC):
         )
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits: float32 [bs, vocab] → int32 token ids [bs]. Raises NonFiniteLogitsError (see the module doc)."""
+        """logits: float32 [bs, vocab] → int32 token ids [bs]; NonFiniteLogitsError where a row has none."""
         tokens, undo = self.sample_deferred(logits, args)
         bad = (tokens < 0).nonzero().flatten().tolist()
         if bad:
