@@ -13,19 +13,17 @@ from .errors import EngineError, InvalidRequestError
 
 
 def is_int(x: object) -> TypeGuard[int]:
-    """An integer of any kind (Python, NumPy), but not a bool: True is not a count, an id or an index."""
-    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))  # fast path: per step
+    """An integer of any kind (Python, NumPy), but not a bool."""
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
 
 
 def is_real(x: object) -> TypeGuard[float]:
-    """A real number of any kind (int, float, NumPy scalars, Fraction), but not a bool."""
     return type(x) in (int, float) or (isinstance(x, numbers.Real) and not isinstance(x, bool))
 
 
 def checked_int(
     error: type[EngineError], name: str, value: object, ok: Callable[[int], bool], hint: str
 ) -> int:
-    """value as a Python int if it is an integer for which ok() holds; else error naming the field."""
     if is_int(value) and ok(int(value)):
         return int(value)
     raise error(f"{name}={value!r} is invalid: {hint}")
@@ -34,11 +32,11 @@ def checked_int(
 def checked_real(
     error: type[EngineError], name: str, value: object, ok: Callable[[float], bool], hint: str
 ) -> float:
-    """value as a Python float if it is a real number (NaN never passes) for which ok() holds; else error."""
+    """value as a Python float if ok() holds (NaN never passes); else error naming the field."""
     if is_real(value):
         try:
             number = float(value)
-        except OverflowError:  # an int beyond float range
+        except OverflowError:
             number = math.nan
         if not math.isnan(number) and ok(number):
             return number
@@ -46,20 +44,18 @@ def checked_real(
 
 
 def checked_seed(error: type[EngineError], name: str, value: object) -> int:
-    """A random seed: an int in [0, 2**63), the range every generator takes whole."""
+    """An int in [0, 2**63), the range every generator takes whole."""
     return checked_int(error, name, value, lambda v: 0 <= v < 2**63, "use an int in [0, 2**63) or None")
 
 
 def checked_bool(error: type[EngineError], name: str, value: object) -> bool:
-    """Only True or False: a string such as "false" would be truthy."""
     if isinstance(value, bool):
         return value
     raise error(f"{name}={value!r} is invalid: use True or False")
 
 
 def token_list(ids: object, name: str) -> list[int]:
-    """Token ids given as a sequence of ints or a 1-D integer tensor (or NumPy array) as a new list of Python
-    ints; InvalidRequestError names `name` otherwise. The ids are not range-checked here."""
+    """A sequence of ints or a 1-D integer tensor/array as a new list of ints (not range-checked)."""
     if not isinstance(ids, torch.Tensor) and hasattr(ids, "__array__") and hasattr(ids, "dtype"):
         try:
             ids = torch.as_tensor(ids)

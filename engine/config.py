@@ -34,13 +34,11 @@ class EngineConfig:
     dtype: torch.dtype | str = "auto"
     device: str = "auto"
     max_running_req: int = 16
+    # Each backend/kernels field names a registry entry: "torch" (the reference), a faster one, or "auto".
     attention_backend: str = "auto"
-    # Elementwise kernels of the layers: "torch" (HF's op sequence), "triton" (fused, CUDA), "auto".
     layer_kernels: str = "auto"
-    # The decode step's slot check and greedy end: "torch" (the reference), "triton" (CUDA), "auto".
     step_kernels: str = "auto"
     moe_backend: str = "auto"
-    # Token drawing: "torch" (the reference), "flashinfer" (CUDA), "auto". Every choice is a registry entry.
     sampler_backend: str = "auto"
     cuda_graph_bs: list[int] | None = None
     cuda_graph_max_bs: int | None = None
@@ -54,8 +52,7 @@ class EngineConfig:
     num_page_override: int | None = None
 
     def __post_init__(self) -> None:
-        """Check every field, whether this configuration reads it or not (a bad port fails here, not at TP 2);
-        integers and reals of any kind (NumPy included) are stored as Python ones."""
+        """Check every field, read or not (a bad port fails here, not at TP 2); numbers are stored as Python ones."""
 
         def positive_int(name: str, value: object) -> int:
             return checked_int(ConfigError, name, value, lambda v: v >= 1, "use an int >= 1")
@@ -98,7 +95,7 @@ class EngineConfig:
     @cached_property
     def model_config(self) -> ModelConfig:
         model_config = ModelConfig.from_dir(self.model_path)
-        if not self.use_dummy_weight:  # dummy weights need no checkpoint
+        if not self.use_dummy_weight:
             check_checkpoint_size(model_config, self.model_path)
         return model_config
 

@@ -23,18 +23,13 @@ if TYPE_CHECKING:
 Phase = Literal["prefill", "decode"]
 
 
-_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+_FLOAT32_TINY = 1.1754943508222875e-38
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling parameters, validated on construction.
-
-    Semantics follow HF's logits processors, applied in this order: temperature, top-k, top-p on the
-    renormalized result, min-p (tie rules: engine/sample.py's module doc). ``temperature == 0`` means greedy
-    (argmax); ``top_k == -1`` disables top-k, and ``top_k == 1`` with a positive temperature samples among the
-    tied maxima, as HF does.
-    """
+    """Per-request sampling parameters, validated on construction, with HF's semantics and order (temperature, top-k,
+    top-p, min-p; docs/sampling.md). temperature 0 is greedy; top_k -1 disables top-k."""
 
     temperature: float = 0.0
     top_k: int = -1
@@ -45,13 +40,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        def normalize(name: str, value: object) -> None:  # a NumPy or Fraction value is stored as a Python one
+        def normalize(name: str, value: object) -> None:  # store NumPy or Fraction values as Python ones
             object.__setattr__(self, name, value)
 
         err = InvalidRequestError
         t = checked_real(err, "temperature", self.temperature, lambda v: math.isfinite(v) and v >= 0,
                          "use a finite number >= 0 (0 means greedy)")
-        if 0 < t < _FLOAT32_TINY:  # the sampler divides float32 logits by it: it would round to 0 or subnormal
+        if 0 < t < _FLOAT32_TINY:  # float32 logits are divided by it
             raise err(f"temperature={self.temperature!r} is invalid: a nonzero temperature must be >= "
                       f"{_FLOAT32_TINY:.4g}; use 0 for greedy")
         normalize("temperature", t)
@@ -72,12 +67,8 @@ class SamplingParams:
 
 
 class Req:
-    """One request as the engine sees it.
-
-    ``token_ids`` (Python ints) holds the prompt and every token appended so far. Tokens ``[0, cached_len)`` have
-    KV on the device; this forward pass computes ``[cached_len, device_len)``. A prefill chunk that stops before
-    the last known token produces no token. The prompt may be given as a list, a 1-D integer tensor or array.
-    """
+    """One request: ``token_ids`` (Python ints) is the prompt and every token appended; ``[0, cached_len)`` has KV on
+    the device and this pass computes ``[cached_len, device_len)``. A prefill chunk that ends early yields no token."""
 
     def __init__(
         self,
@@ -104,7 +95,6 @@ class Req:
         return len(self.token_ids)
 
     def new_token_ids(self) -> list[int]:
-        """The known tokens this pass computes, [cached_len, device_len) (one fewer while one is pending)."""
         return self.token_ids[self.cached_len : self.device_len]
 
     @property
@@ -113,13 +103,11 @@ class Req:
 
     @property
     def is_partial_prefill(self) -> bool:
-        """True for a prefill chunk that ends before the last known token: it yields no token."""
         return self.device_len < self.num_tokens
 
     @property
     def token_pending(self) -> bool:
-        """The last token, at device_len - 1, was sampled on the device and not appended yet: the next step reads
-        it there (Engine.forward_batch keeps each row's last token on the device)."""
+        """The last token was sampled on the device and not appended yet (the next step reads it there)."""
         return self.num_tokens == self.device_len - 1
 
     @property
@@ -127,14 +115,12 @@ class Req:
         return self.max_device_len - self.device_len
 
     def complete_one(self) -> None:
-        """Mark this step's tokens as cached; a full step also reserves the slot of the next token."""
         partial = self.is_partial_prefill
         self.cached_len = self.device_len
         if not partial:
             self.device_len += 1
 
     def append_host(self, next_token: int | torch.Tensor) -> None:
-        """Append the token sampled for this request (an int, or a one-element tensor)."""
         self.token_ids.append(int(next_token))
 
     def __repr__(self) -> str:
@@ -149,33 +135,25 @@ _EMPTY_INT32 = torch.empty(0, dtype=torch.int32)
 
 @dataclass
 class Batch:
-    """The requests of one forward pass and the device tensors built for them.
-
-    ``padded_reqs`` is ``reqs`` plus dummy requests that pad a decode batch to a captured graph size.
-    """
+    """The requests of one forward pass (``padded_reqs``: plus graph padding) and the device tensors built for them."""
 
     reqs: list[Req]
     phase: Phase
-    # Shared empty placeholders until prepare_batch sets them (a fresh tensor each costs a torch op per batch); a
-    # captured step sets them to its graph's tensors when it runs, valid until the next replay of its size.
+    # A graph step sets these to its graph's tensors, valid until the next replay of its size.
     input_ids: torch.Tensor = _EMPTY_INT32
     positions: torch.Tensor = _EMPTY_INT32
     out_loc: torch.Tensor = _EMPTY_INT32
-    # int64 [padded_size]: the page-table rows the attention backend reads, one per padded request; prepare_batch
-    # points them all at the dummy row when the step's slot verdict fails (engine/step/slots.py), so a bad page
-    # table is never read.
+    # int64 [padded_size]: the rows attention reads; all the dummy row when the slot verdict fails.
     table_rows: torch.Tensor = _EMPTY_INT32
-    rows: torch.Tensor = _EMPTY_INT32  # int64 [size]: each request's own row (where its sampled token is kept)
-    slot_flags: torch.Tensor = _EMPTY_INT32  # bool, device: the slot verdict (any True: the step is refused)
+    rows: torch.Tensor = _EMPTY_INT32  # int64 [size]
+    slot_flags: torch.Tensor = _EMPTY_INT32  # bool: any True refuses the step
     padded_reqs: list[Req] = field(default_factory=list)
-    # A batch padded to a graph size: its packed inputs (int64, host) and their layout (engine/step/inputs.py),
-    # which the graph turns into the tensors above itself; None for an eager pass, whose tensors prepare_batch builds.
+    # A graph batch's packed host inputs (engine/step/inputs.py); None for an eager pass.
     packed_inputs: tuple[torch.Tensor, InputLayout] | None = None
     attn_metadata: BaseAttnMetadata | None = None
-    # (cached_len, device_len) of each request when prepare_batch built the batch: forward_batch runs it only while
-    # they still hold (so a batch cannot run twice), and a step's undo puts them back.
+    # Each request's (cached_len, device_len) at prepare_batch: a batch runs once, and the undo restores them.
     spans: list[tuple[int, int]] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)  # the device_len each request runs to (forward_batch sets it)
+    ends: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.padded_reqs:
@@ -200,9 +178,7 @@ class Batch:
 
 @dataclass
 class Context:
-    """What a forward pass reads besides the weights: the KV pool, the page table, the attention backend, the
-    layer kernels, the TP ranks' communication, and the batch while one runs. Owned by one Engine; there is no
-    global copy."""
+    """What a forward pass reads besides the weights, and the batch while one runs; one per Engine, no global copy."""
 
     page_size: int
     page_table: torch.Tensor

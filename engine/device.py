@@ -1,6 +1,4 @@
-"""CPU/CUDA device abstraction: streams, events, free memory and thread setup.
-
-On CPU, NullStream and NullEvent stand in for CUDA's, which makes every "async" step synchronous.
+"""CPU/CUDA device abstraction: streams, events, free memory and thread setup; on CPU every "async" step is synchronous.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ class Event(Protocol):
 
 
 class NullEvent:
-    """A CPU event: work is synchronous, so it is always complete."""
 
     def record(self) -> None:
         pass
@@ -44,7 +41,6 @@ class NullStream:
 
 @dataclass
 class Device:
-    """One execution device and its stream."""
 
     torch_device: torch.device
     stream: torch.cuda.Stream | NullStream
@@ -75,13 +71,11 @@ class Device:
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host to device without waiting for the device; CUDA stages a pageable source, so the host tensor may be freed
-    at once (pinning it first costs more than the small copy)."""
+    """Host to device without waiting; the host tensor may be freed at once (CUDA stages a pageable source)."""
     return host.to(device, non_blocking=True)
 
 
 def flashinfer_installed() -> bool:
-    """Whether the optional flashinfer package can be imported (it is never imported to find out)."""
     return importlib.util.find_spec("flashinfer") is not None
 
 
@@ -115,7 +109,6 @@ def make_device(dev: torch.device) -> Device:
 
 
 def available_host_memory() -> int:
-    """MemAvailable from /proc/meminfo, falling back to free physical pages."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -127,7 +120,7 @@ def available_host_memory() -> int:
 
 
 def physical_cores() -> int:
-    """Physical cores (hyper-threads share one core's matmul units, so they do not help)."""
+    """Physical cores: hyper-threads share one core's matmul units."""
     try:
         cores: set[tuple[str, str]] = set()
         phys = core = ""
@@ -146,15 +139,13 @@ def physical_cores() -> int:
 
 
 def cpu_threads_for(tp_size: int) -> int | None:
-    """Threads for torch on CPU: physical cores / TP size, unless the user set OMP_NUM_THREADS."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     return max(1, physical_cores() // tp_size)
 
 
 class ThreadCount:
-    """torch's CPU thread count is one setting per process: the first engine to claim it saves the count it
-    found, and the last claim released puts that back, whatever order engines shut down (or are collected) in."""
+    """torch's per-process CPU thread count: the first claim saves it, the last release puts it back."""
 
     def __init__(self) -> None:
         self._holders: set[int] = set()
@@ -163,7 +154,6 @@ class ThreadCount:
         self._lock = threading.Lock()
 
     def claim(self, threads: int) -> int:
-        """Set the count; returns the token that release() takes (a token, not the engine: nothing keeps it alive)."""
         with self._lock:
             if not self._holders:
                 self._saved = torch.get_num_threads()

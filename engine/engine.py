@@ -1,14 +1,6 @@
-"""The Engine: builds everything in a fixed order and runs one forward pass per call.
-
-Init order: TP info → device/stream/context (attention backend, layer and step kernels resolved) → communication
-(TP > 1 only) → free memory → model (meta device, then weights) → KV pool
-(num_pages + 1, the last page is the dummy's) → page table (max_running_req + 1 rows, the last is the dummy row)
-→ attention backend and layer kernels, in the forward context → sampler → graph runner → CPU threads. Every
-check (backend name, memory needed) runs before the first allocation.
-
-forward_batch does not wait for the device: the requests advance at once, and the step's errors come back with
-the host tokens (ForwardOutput.result), which undoes the step before raising. A decode batch that fits a captured
-size runs as one graph replay (engine/graph.py): prepare_batch only packs its inputs on the host.
+"""The Engine: builds everything in a fixed order (Engine.__init__, every check before the first allocation) and runs
+one forward pass per call without waiting for the device; a step's errors come back with its host tokens
+(ForwardOutput.result), which undoes the step first. A decode batch of a captured size is one graph replay.
 """
 
 from __future__ import annotations
@@ -46,10 +38,8 @@ from .validate import Limits, check_ends, check_fresh, check_memory, validate_ba
 
 @dataclass(frozen=True)
 class _Choices:
-    """The registry entries resolved for this engine's device, dtype and head_dim."""
-
     attention: str
-    moe: Any  # the MoE backend instance
+    moe: Any
     kernels: LayerKernels
     step: StepKernels
     sampler: str
@@ -57,22 +47,19 @@ class _Choices:
 
 class Engine:
     def __init__(self, config: EngineConfig, sampler_seed: int | None = None) -> None:
-        if sampler_seed is not None:  # checked like a request's seed, before anything is built
+        if sampler_seed is not None:
             sampler_seed = checked_seed(ConfigError, "sampler_seed", sampler_seed)
         self.config = config
         self._closed = False
         self._busy = threading.RLock()  # one thread at a time; the same thread may re-enter
-        self._release_threads: Callable[[], object] = lambda: None  # set where a thread count is claimed
-        # Page-table row -> (tokens of cached KV, uid) of the request that last ran there: no other request may
-        # write over them until the row is released (release_rows).
+        self._release_threads: Callable[[], object] = lambda: None
+        # Page-table row -> (cached tokens, uid) of its last request: no other may write there until release_rows.
         self.live_rows: dict[int, tuple[int, int]] = {}
-        # What the driver of the rows and pages left here (see claim()), held weakly: it lapses with its driver.
         self._claim: weakref.ref[object] | None = None
-        # The init order, one step each; every name and memory check runs before the first allocation.
         self._init_tp()
         choices = self._init_device()
         self._init_comm()
-        free_here = self.device.free_memory()  # before the model lands
+        free_here = self.device.free_memory()
         free_before = self.comm.min_int(free_here)
         self._load_model(choices, free_before, free_here)
         self._init_kv_cache(free_before)
@@ -84,13 +71,10 @@ class Engine:
         self._init_cpu_threads()  # last: a constructor that fails earlier leaves the thread count alone
 
     def _init_tp(self) -> None:
-        """TP info, and this rank's share of the heads and the MLP (the whole model at TP size 1)."""
         self.tp_info = self.config.tp_info
-        # Parsed first: a bad model dir fails before anything is allocated.
         self.local_config = shard_config(self.config.model_config, self.tp_info)
 
     def _init_device(self) -> _Choices:
-        """Device and stream; the registry choices resolved for it (a typo fails here, MoE model or not)."""
         torch_device = resolve_device(self.config.device, self.tp_info.rank)
         self.device = make_device(torch_device)
         self.dtype = self.config.resolve_dtype(torch_device)
@@ -107,7 +91,6 @@ class Engine:
         )
 
     def _init_comm(self) -> None:
-        """Communication, only between several ranks."""
         tp, config = self.tp_info, self.config
         self.comm: Comm = (
             NullComm()
@@ -118,8 +101,7 @@ class Engine:
         )
 
     def _load_model(self, choices: _Choices, free_before: int, free_here: int) -> None:
-        """Build the model on the meta device (no allocation), check that it fits (free_before: the least free
-        memory of all ranks), materialize and fill it; then measure what it took on this rank (free_here)."""
+        """Build on the meta device, check it fits (free_before: least free of all ranks), fill it, measure it."""
         config, model_config = self.config, self.model_config
         self.max_seq_len = config.max_seq_len
         with torch.device("meta"):
@@ -146,13 +128,11 @@ class Engine:
             choices.kernels.arrange_weights(model)
         model.init_rotary(self.max_seq_len, self.device.torch_device)
         self.model = model.eval()
-        # On CUDA what the model took is measured, as the seed plans it (the allocator's rounding and the rotary
-        # tables included); on CPU free memory is the whole host's, so the parameter bytes stand.
+        # On CPU free memory is the whole host's, so the parameter bytes stand.
         measured = free_here - self.device.free_memory() if self.device.is_cuda else None
         self.model_bytes = model_footprint(param_bytes, measured)
 
     def _init_kv_cache(self, free_before: int) -> None:
-        """The KV pool, num_pages + 1 pages (the last is the dummy's)."""
         config = self.config
         if config.num_page_override is not None:
             num_pages = config.num_page_override
@@ -170,15 +150,14 @@ class Engine:
         )
 
     def _init_page_table(self) -> None:
-        """Token-granular slots, max_running_req + 1 rows: the last is the dummy row, pointing only into the dummy
-        page, which the dummy request (a graph batch's padding) reads and writes."""
+        """Token slots, max_running_req + 1 rows: the last is the dummy row (graph padding), all in the dummy page."""
         config, device = self.config, self.device.torch_device
         self.dummy_row = config.max_running_req
         self.page_table = torch.zeros(config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=device)
         dummy_slots = self.kv_cache.dummy_page * config.page_size
         self.page_table[self.dummy_row] = dummy_slots + torch.arange(self.max_seq_len) % config.page_size
         self.dummy_req = Req(torch.zeros(1, dtype=torch.int32), self.dummy_row, 0, 1, -1, SamplingParams())
-        # Each row's last sampled token, which the next step reads when the host has not appended it yet.
+        # Each row's last sampled token, read when the host has not appended it yet.
         self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.int32, device=device)
 
     def _init_attention(self, choices: _Choices) -> None:
@@ -191,7 +170,6 @@ class Engine:
         self.step_kernels = choices.step
 
     def _init_graphs(self, choices: _Choices) -> None:
-        """Decode graphs, captured now on CUDA with a capturable backend (cuda_graph_bs=[] opts out)."""
         config = self.config
         max_graph_bs = min(config.cuda_graph_max_bs or config.max_running_req, config.max_running_req)
         graph_bs = default_graph_bs(max_graph_bs) if config.cuda_graph_bs is None else config.cuda_graph_bs
@@ -211,7 +189,6 @@ class Engine:
     def _init_cpu_threads(self) -> None:
         threads = cpu_threads_for(self.tp_info.size) if self.device.torch_device.type == "cpu" else None
         if threads is not None:
-            # Released by shutdown(), or when the engine is collected without one.
             self._release_threads = weakref.finalize(self, CPU_THREADS.release, CPU_THREADS.claim(threads))
 
     @property
@@ -219,12 +196,11 @@ class Engine:
         return self.config.model_config
 
     def claim(self, token: object | None) -> None:
-        """Mark the engine as driven (its rows and pages taken) by whoever holds `token`; None marks it free."""
+        """Mark the engine as driven by whoever holds `token` (held weakly); None marks it free."""
         self._claim = weakref.ref(token) if token is not None else None
 
     @property
     def claimed_by(self) -> object | None:
-        """The token of claim(), while its holder keeps it; the engine does not know what drives it."""
         return self._claim() if self._claim is not None else None
 
     def check_open(self) -> None:
@@ -242,7 +218,7 @@ class Engine:
             self._busy.release()
 
     def release_rows(self, rows: Iterable[int]) -> None:
-        """Declare the KV of these page-table rows dead: their slots may be written by other rows again."""
+        """Declare these rows' KV dead: other rows may write their slots again."""
         self.check_open()
         with self.exclusive("release_rows"):
             for row in rows:
@@ -251,20 +227,16 @@ class Engine:
     def prepare_batch(
         self, reqs: Sequence[Req], phase: Phase, ends: Sequence[int] | None = None
     ) -> tuple[Batch, BatchSamplingArgs]:
-        """The CPU-side work before a forward pass: validate, pad, build inputs, metadata and sampling args. A
-        decode batch that fits a captured graph gets only its packed inputs (the graph builds the rest).
-
-        ends: each request's device_len for this pass (None: the requests' own). The requests are left as they are
-        here; forward_batch sets each device_len to its end as it runs the batch, and the step's undo puts back
-        Batch.spans, the lengths before. The page table rows of every request must hold slots for [0, end).
-        """
+        """Validate, pad and build the inputs and sampling args (a graph batch: only packed inputs). ends: each
+        request's device_len for this pass (None: its own); the requests stay unchanged until forward_batch, and the
+        page-table rows must hold slots for [0, end)."""
         self.check_open()
         with self.exclusive("prepare_batch"):
             if ends is None:
                 return self._prepare_batch(reqs, phase)
             targets = check_ends(reqs, ends)
             lengths = [r.device_len for r in reqs]
-            try:  # checked and packed at the ends, then put back
+            try:
                 for req, end in zip(reqs, targets):
                     req.device_len = end
                 batch, args = self._prepare_batch(reqs, phase)
@@ -300,20 +272,17 @@ class Engine:
         batch.table_rows, batch.rows, batch.slot_flags = inputs.table_rows, inputs.rows, inputs.flags
 
     def _wait_for_caller(self) -> None:
-        """Order the engine's stream after the caller's (page-table rows and KV it wrote there must land first)."""
         if isinstance(self.device.stream, torch.cuda.Stream):
             self.device.stream.wait_stream(torch.cuda.current_stream(self.device.torch_device))
 
     def _caller_waits(self) -> None:
-        """Order the caller's stream after the engine's: a step's device outputs (tokens, logits) are read there."""
         if isinstance(self.device.stream, torch.cuda.Stream):
             torch.cuda.current_stream(self.device.torch_device).wait_stream(self.device.stream)
 
     def _graph_step(
         self, packed: torch.Tensor, layout: InputLayout, batch: Batch, greedy: bool
     ) -> StepOutputs:
-        """A whole decode step, as the graph runner captures it: inputs, device metadata, model and, for a greedy
-        batch, its tokens kept as the rows' last tokens and the payload for the host."""
+        """A whole decode step as captured: inputs, metadata, model and, when greedy, the tokens and host payload."""
         inputs = self._unpack(packed, layout)
         self._set_inputs(batch, inputs)
         self.attn_backend.graph_metadata(batch)
@@ -332,7 +301,7 @@ class Engine:
                 for req, end in zip(batch.reqs, batch.ends):
                     req.device_len = end
                 return self._forward_batch(batch, args)
-            except BaseException:  # a request that did not advance gets its length back
+            except BaseException:
                 for req, (cached_len, device_len) in zip(batch.reqs, batch.spans):
                     if req.cached_len == cached_len:
                         req.device_len = device_len
@@ -353,7 +322,7 @@ class Engine:
                     next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
                     payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             else:
-                if batch.packed_inputs is not None:  # padded for a size with no graph here: the step runs eagerly
+                if batch.packed_inputs is not None:  # packed for a graph this engine lacks: run eagerly
                     host, layout = batch.packed_inputs
                     self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
                     self.attn_backend.prepare_metadata(batch)
@@ -361,14 +330,14 @@ class Engine:
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n]
                 next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
                 payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
-            if self.device.is_cuda:  # one device-to-host copy for the tokens, the slot verdict and the undo
+            if self.device.is_cuda:
                 host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
                 host.copy_(payload, non_blocking=True)
             else:
                 host = payload
             event = self.device.new_event()
             event.record()
-            # The requests advance now, as the seed has it; a failed step is undone when its tokens are read.
+            # Advance now; a failed step is undone when its tokens are read.
             live_before = [(req.table_idx, self.live_rows.get(req.table_idx)) for req in batch.reqs]
             for req in batch.reqs:
                 req.complete_one()
@@ -379,8 +348,7 @@ class Engine:
         return ForwardOutput(next_tokens, event, logits, host, record)
 
     def shutdown(self) -> None:
-        """Release graphs, communication and memory, and restore the thread count. Safe to call twice; refused
-        (EngineBusyError) while another thread's call, or its driver's, holds the engine."""
+        """Release graphs, communication, memory and the thread count; idempotent; EngineBusyError while in use."""
         with self.exclusive("shutdown"):
             if self._closed:
                 return

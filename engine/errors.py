@@ -32,15 +32,10 @@ class EngineBusyError(EngineError):
 
 
 class NonFiniteLogitsError(EngineError):
-    """Some rows of a batch have no token to sample: NaN or +inf logits, every logit -inf, or a temperature so
-    small that logits / temperature overflows float32.
-
-    Raised when the step's tokens are read (ForwardOutput.result), once the step is undone: the requests, the live
-    rows and the random streams are as before forward_batch. Abort the requests in ``uids`` and run the others
-    again; they get exactly the tokens they would have got without the bad rows (StaticDriver does this itself).
-    """
+    """Some rows have no token to sample (non-finite logits or overflowing temperature); raised by
+    ForwardOutput.result once the step is undone: abort ``uids`` and rerun the others, who get the same tokens."""
 
     def __init__(self, message: str, rows: list[int], uids: list[int]) -> None:
         super().__init__(message)
         self.rows = rows  # indices into the batch
-        self.uids = uids  # the requests' uids
+        self.uids = uids

@@ -1,8 +1,6 @@
-"""Registry: the one type behind every choice of implementation by name (attention backends, layer kernels, MoE
-backends, samplers) and the public way to plug in one's own. Each entry is a factory and its ``Requires``, which the
-registry alone evaluates (the implementations trust it): "auto" takes the first preferred name usable here, else the
-reference (``torch``); an explicit name that is unknown or cannot serve is a ConfigError naming the EngineConfig field
-and why; a name registered twice is an error unless ``replace=True``, so two plugins cannot silently shadow each other.
+"""Registry: every choice of implementation by name, and the way to plug in one's own. An entry is a factory and its
+``Requires``, which only the registry evaluates; "auto" takes the first usable preferred name, else ``torch``; an
+unusable name is a ConfigError naming the EngineConfig field; registering a name twice needs ``replace=True``.
 
     from engine import ATTENTION_BACKENDS, Requires
     ATTENTION_BACKENDS.register("mine", lambda kv, table, heads, device: MyBackend(kv, table, heads),
@@ -24,7 +22,7 @@ from .errors import ConfigError
 F = TypeVar("F")
 
 REFERENCE = "torch"
-# How each optional package is had, for the message that says it is missing (others: pip install <name>).
+# How to install each optional package, for the message (others: pip install <name>).
 INSTALL_HINTS = {
     "triton": "it comes with CUDA builds of torch",
     "flashinfer": "pip install flashinfer-python; see docs/gpu.md",
@@ -33,8 +31,6 @@ INSTALL_HINTS = {
 
 @dataclass(frozen=True)
 class Where:
-    """What an implementation is asked to serve: the device, the engine dtype and the model's head_dim."""
-
     device: torch.device
     dtype: torch.dtype
     head_dim: int
@@ -61,11 +57,8 @@ def _listed(names: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Requires:
-    """What an implementation needs to serve a Where; None (the default of each field) asks nothing.
-
-    devices: device types ("cuda"); dtypes: the engine dtypes it serves; head_dim: its rule; package: an importable
-    package (never imported to find out); extra: any other check, where -> why not or None.
-    """
+    """What an implementation needs to serve a Where; None asks nothing. package: importable (never imported to
+    find out); extra: any other check, where -> why not or None."""
 
     devices: tuple[str, ...] | None = None
     dtypes: tuple[torch.dtype, ...] | None = None
@@ -74,7 +67,6 @@ class Requires:
     extra: Callable[[Where], str | None] | None = None
 
     def reason(self, where: Where) -> str | None:
-        """Why it cannot serve `where`, or None."""
         if self.devices is not None and where.device.type not in self.devices:
             wanted = " or ".join(d.upper() for d in self.devices)
             return f"it needs a {wanted} device, got {where.device}"
@@ -106,7 +98,7 @@ class Registry(Generic[F]):
         self._entries: dict[str, Entry[F]] = {}
 
     def register(self, name: str, factory: F, requires: Requires = ANYWHERE, replace: bool = False) -> None:
-        """Add `name`, usable wherever `requires` holds."""
+        """Add `name`, usable wherever `requires` holds; a taken name needs replace=True."""
         if not isinstance(name, str) or not name or name == "auto":
             raise ConfigError(f"{self.option}: {name!r} cannot be registered; use a non-empty name other than 'auto'")
         if name in self._entries and not replace:
@@ -119,7 +111,6 @@ class Registry(Generic[F]):
         self._entries.pop(name, None)
 
     def names(self) -> list[str]:
-        """Every name the option accepts, 'auto' included."""
         return sorted(["auto", *self._entries])
 
     def __contains__(self, name: object) -> bool:

@@ -1,7 +1,5 @@
-"""Sampling: the interface, BaseSampler (per-request seeds, greedy rows, non-finite rows and the undo of the random
-streams, alike for every sampler), and its reference, Sampler: temperature, top-k, top-p, min-p in HF's order with
-HF's tie rules, drawn by the exponential race, on FlashInfer's kernels where they serve an unseeded CUDA batch. The
-rules are stated once, in docs/sampling.md.
+"""Sampling: BaseSampler (seeds, greedy rows, non-finite rows, undo of the random streams) and its reference Sampler
+(HF's temperature, top-k, top-p, min-p by the exponential race, FlashInfer where it serves); rules in docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -18,10 +16,8 @@ from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 
-_SEED_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: spreads (seed, position) pairs over the seed space
-# Philox offset advance per FlashInfer draw: each rejection round takes one number of the row's stream, so
-# consecutive draws never reuse numbers unless a draw needs over a million rounds.
-_PHILOX_STRIDE = 1 << 20
+_SEED_MIX = 0x9E3779B97F4A7C15
+_PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
 
 
 @dataclass
@@ -29,22 +25,18 @@ class BatchSamplingArgs:
     """What prepare() hands every hook: one entry per batch row, tensors on the sampler's device."""
 
     all_greedy: bool
-    greedy: torch.Tensor  # bool [bs]
+    greedy: torch.Tensor
     temperature: torch.Tensor  # float32 [bs]; 1.0 on greedy rows, never read there
     top_k: torch.Tensor | None  # int64 [bs], vocab on rows without top-k; None when no row uses it
     top_k_max: int  # the largest k below vocab that a sampled row asks for (0 when top_k is None)
     top_p: torch.Tensor | None  # float64 [bs]: the cut 1 - top_p is taken in double and then rounded, as HF does
-    min_p: torch.Tensor | None  # float32 [bs]
+    min_p: torch.Tensor | None
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
-    uids: list[int] = field(default_factory=list)  # the rows' request uids, for error messages
+    uids: list[int] = field(default_factory=list)
 
 
 def step_seed(seed: int, position: int) -> int:
-    """A generator seed for one (request seed, position), every bit mixed (splitmix64's finalizer).
-
-    torch's CPU generator keeps only the low 32 bits of its seed, so those must depend on all 64 bits of the
-    request seed: with a plain linear mix, seeds that differ by a multiple of 2**32 drew identical tokens.
-    """
+    """A generator seed for (request seed, position), splitmix64-mixed: torch's CPU generator keeps only 32 bits."""
     x = (seed * _SEED_MIX + position) % 2**64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
@@ -52,9 +44,8 @@ def step_seed(seed: int, position: int) -> int:
 
 
 class BaseSampler(ABC):
-    """The interface: the engine calls prepare(batch) on the host, then sample_deferred(logits, args), both kept
-    here. Hooks: filtered_probs (required), draw, noise; a sampler with random streams besides self.generator
-    extends reseed and saved_streams (calling super)."""
+    """The engine calls prepare(batch), then sample_deferred(logits, args). Hooks: filtered_probs (required), draw,
+    noise; a sampler with streams besides self.generator extends reseed and saved_streams (calling super)."""
 
     use_flashinfer = False  # True where draws decide on float32 probabilities (FlashInfer's): checks skip their ties
 
@@ -82,7 +73,6 @@ class BaseSampler(ABC):
         return undo
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
-        """The batch's sampling parameters on the device, one row per request; a seeded row's is step_seed's."""
         reqs: list[Req] = batch.reqs
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
@@ -93,7 +83,7 @@ class BaseSampler(ABC):
 
         row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
         uids = [r.uid for r in reqs]
-        if all_greedy:  # the row tensors are never read: share one set per batch size instead of uploading
+        if all_greedy:  # the row tensors are never read: share one set per batch size
             if len(reqs) not in self._greedy_rows:
                 self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
             flags, ones = self._greedy_rows[len(reqs)]
@@ -115,7 +105,7 @@ class BaseSampler(ABC):
         )
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits: float32 [bs, vocab] → int32 token ids [bs]. Raises NonFiniteLogitsError (see the module doc)."""
+        """logits: float32 [bs, vocab] → int32 token ids [bs]; NonFiniteLogitsError where a row has none."""
         tokens, undo = self.sample_deferred(logits, args)
         bad = (tokens < 0).nonzero().flatten().tolist()
         if bad:
@@ -124,9 +114,8 @@ class BaseSampler(ABC):
         return tokens
 
     def sample_deferred(self, logits: torch.Tensor, args: BatchSamplingArgs) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Like sample, without a host sync: (tokens, undo), int32 [bs] on the logits' device, where a row with
-        nothing to sample holds -1 (draw saw a one-hot stand-in for it). A caller that finds a -1 calls undo(),
-        which puts the random streams back as they were before this call, and then raise_for_rows."""
+        """sample without a host sync: (int32 tokens [bs], undo); a -1 row had nothing to sample: call undo(), then
+        raise_for_rows."""
         bs = len(args.row_seeds)
         if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
             raise InvalidRequestError(
@@ -134,7 +123,6 @@ class BaseSampler(ABC):
             )
         if args.all_greedy:
             return greedy_tokens(logits), no_draws
-        # The filters keep each row's top token, so a row has nothing to sample iff its largest score is not finite.
         bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
         argmax = logits.argmax(dim=-1)
         undo = self.saved_streams()
@@ -143,41 +131,33 @@ class BaseSampler(ABC):
         return torch.where(bad, -1, tokens).to(torch.int32), undo
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
-        """Whether this batch's draws decide on float32 probabilities (use_flashinfer), so ties may split otherwise."""
         return False
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """The distribution each row of sample() draws from, float32 [bs, vocab], for exact checks: a one-hot on the
-        argmax for greedy rows, else filtered_probs."""
+        """float32 [bs, vocab]: what each row of sample() draws from (one-hot argmax on greedy rows)."""
         return with_greedy_rows(logits, args, self.filtered_probs(logits, args))
 
     @abstractmethod
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """float32 [bs, vocab] probabilities each sampled row draws from: HF's temperature, top-k, top-p and min-p
-        by the module doc's rules (greedy rows: anything finite). Every row of logits has a finite maximum."""
+        """float32 [bs, vocab] probabilities per sampled row, by docs/sampling.md; every logits row has a finite max."""
 
     def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """One token id per row (int64 [bs], on the device, no host sync) from filtered_probs: the exponential race
-        argmax(p / E), E = noise(p, args.row_seeds). Greedy rows' tokens are discarded. Every row has a finite
-        maximum: sample_deferred hands rows with nothing to sample in as a one-hot stand-in."""
+        """int64 [bs] on the device, no host sync: the exponential race argmax(p / noise) over filtered_probs."""
         probs = self.filtered_probs(logits, args)
         return (probs / self.noise(probs, args.row_seeds)).argmax(dim=-1)
 
     def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
-        """Exp(1) noise shaped like probs, never 0: from self.generator, except each row with a seed, which draws
-        from a generator of its own seeded with it (so its tokens do not depend on the batch)."""
+        """Exp(1) noise, never 0, from self.generator; a seeded row draws from its own generator."""
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
         for row, seed in enumerate(row_seeds):
             if seed is not None:
                 gen = torch.Generator(device=probs.device).manual_seed(seed)
                 noise[row].exponential_(generator=gen)
-        # An exact 0 would turn p/0 into inf (or nan for a dropped token); the clamp changes nothing else.
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod
     def raise_for_rows(rows: list[int], args: BatchSamplingArgs, logits: torch.Tensor) -> None:
-        """Raise NonFiniteLogitsError for these batch rows (none: return)."""
         if not rows:
             return
         uids = [args.uids[r] for r in rows] if args.uids else rows
@@ -198,7 +178,7 @@ class BaseSampler(ABC):
 
 
 class Sampler(BaseSampler):
-    """The reference: HF's filters in torch, the exponential race; on CUDA optionally FlashInfer's kernels."""
+    """The reference: HF's filters in torch; on CUDA optionally FlashInfer's kernels."""
 
     def __init__(
         self, device: torch.device, vocab_size: int, seed: int | None = None, use_flashinfer: bool | None = None
@@ -213,20 +193,17 @@ class Sampler(BaseSampler):
             import flashinfer.sampling
 
             self._fi = flashinfer.sampling
-            # Seed and offset live on the device and every draw advances the offset there, so a captured graph
-            # draws fresh numbers at each replay instead of replaying the ones baked in at capture.
+            # On the device, so a captured graph draws fresh numbers at each replay.
             self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
             self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
 
     def reseed(self, seed: int) -> None:
-        """Also FlashInfer's Philox seed and offset (updated in place, so captured graphs follow)."""
         super().reseed(seed)
         if self.use_flashinfer:
             self.philox_seed.fill_(self.generator.initial_seed() % 2**63)
             self.philox_offset.zero_()
 
     def saved_streams(self) -> Callable[[], None]:
-        """Also FlashInfer's device offset (a copy on the stream)."""
         undo_generator = super().saved_streams()
         if not self.use_flashinfer:
             return undo_generator
@@ -239,7 +216,6 @@ class Sampler(BaseSampler):
         return undo
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
-        """FlashInfer's kernels draw batches without a seeded row; the others keep the torch path."""
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -255,13 +231,11 @@ class Sampler(BaseSampler):
     def _flashinfer_filters(
         self, probs: torch.Tensor, args: BatchSamplingArgs
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """probs after min-p (where a row uses it) and the top-k and top-p thresholds left for FlashInfer."""
         bs = probs.shape[0]
         full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
         # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
         top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
-        # top_p = 1 is "off", but in fp32 the mass above a tail token can round up to 1 and reject it: off rows get
-        # a threshold no mass reaches.
+        # top_p = 1 can still reject a tail token in fp32: "off" rows get a threshold no mass reaches.
         top_p = torch.full((bs,), 2.0, device=probs.device)
         if args.top_p is not None:
             top_p = torch.where(args.top_p < 1.0, args.top_p.float(), top_p)
@@ -275,14 +249,8 @@ class Sampler(BaseSampler):
         return probs, top_k, top_p
 
     def flashinfer_draw(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """One token per row of probs (softmax of logits / temperature) under top-k, top-p, min-p; no host sync.
-
-        top_k_top_p_sampling_from_probs with filter_apply_order="top_k_first" is HF's top-k then top-p on the
-        renormalized result. Min-p comes last in HF, but top-p and min-p each keep a prefix of the descending
-        order, so min-p can go first: masking it and renormalizing by the kept mass Z leaves the mass above every
-        kept token unchanged up to the factor 1/Z, hence top-p with threshold top_p / Z keeps the same tokens.
-        Top-k goes before that, since min-p's mass is taken after top-k's renormalization.
-        """
+        """One token per row of probs, no host sync. Min-p goes before top-p (threshold top_p / kept mass): both keep
+        a prefix of the descending order, so this keeps HF's tokens (docs/sampling.md)."""
         probs, top_k, top_p = self._flashinfer_filters(probs, args)
         samples = self._fi.top_k_top_p_sampling_from_probs(
             probs, top_k, top_p, filter_apply_order="top_k_first", seed=self.philox_seed, offset=self.philox_offset
@@ -291,16 +259,13 @@ class Sampler(BaseSampler):
         return samples
 
     def flashinfer_probs(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """The vector flashinfer_draw samples from, through FlashInfer's renorm kernels: its top_k_first order is
-        top_k_renorm_probs followed by top-p sampling, which FlashInfer documents as top_p_renorm_probs + sampling."""
         probs, top_k, top_p = self._flashinfer_filters(probs, args)
         probs = self._fi.top_k_renorm_probs(probs, top_k)
-        off = top_p >= 1.0  # the renorm kernel takes top_p in (0, 1]; such a row keeps every token
+        off = top_p >= 1.0
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """The probability vector each sampled row draws from (float32), by the module doc's rules."""
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_k is not None:
             # Only the k-th largest value matters: a topk as wide as the largest k replaces a full-vocab sort.
@@ -322,25 +287,21 @@ class Sampler(BaseSampler):
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """int32 [bs]: each row's first argmax, -1 on a row with nothing to sample (amax propagates NaN, so one
-    reduction flags NaN, +inf and all -inf rows). No host sync: a captured decode step runs it."""
+    """int32 [bs]: each row's first argmax, -1 where amax is not finite; no host sync (captured graphs run it)."""
     bad = ~logits.amax(dim=-1).isfinite()
     return torch.where(bad, -1, logits.argmax(dim=-1)).to(torch.int32)
 
 
 def no_draws() -> None:
-    """The undo of a draw that drew nothing (an all-greedy batch)."""
+    """The undo of an all-greedy batch."""
 
 
 def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: torch.Tensor) -> torch.Tensor:
-    """filtered with each greedy row replaced by a one-hot on its argmax."""
     one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
 
 
 def _stand_in(logits: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    """logits with each bad row replaced by a one-hot on token 0 (0 there, -inf elsewhere), so the draw never sees a
-    row with nothing to sample; those rows' tokens are discarded (-1) anyway."""
     one_hot = torch.full_like(logits[:1], float("-inf"))
     one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
     return torch.where(bad.unsqueeze(1), one_hot, logits)
@@ -351,7 +312,7 @@ def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Te
 
 
 class SamplerFactory(Protocol):
-    """What SAMPLERS holds: (device, vocab size, engine seed or None for a random one) → a BaseSampler."""
+    """(device, vocab size, engine seed or None) → a BaseSampler."""
 
     def __call__(self, device: torch.device, vocab_size: int, seed: int | None, /) -> BaseSampler: ...
 

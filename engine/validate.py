@@ -1,7 +1,5 @@
-"""Checks inputs before anything is written, so a rejected call changes no state. Nothing here takes the Engine:
-each check gets the limits and state it reads. validate_batch (host checks) and check_token_ids run in
-prepare_batch, check_fresh in forward_batch; prompt_list guards the driver's add(); check_memory runs before the
-engine allocates. The slot rule, checked on the device, is engine/step/slots.py's.
+"""Host checks of the engine's inputs, run before anything is written so a rejected call changes no state; each takes
+the limits and state it reads, never the Engine. The slot rule is engine/step/slots.py's.
 """
 
 from __future__ import annotations
@@ -17,19 +15,16 @@ from .sample import BatchSamplingArgs
 
 @dataclass(frozen=True)
 class Limits:
-    """What a batch is checked against, fixed when the engine is built."""
-
-    max_rows: int  # max_running_req: page-table rows [0, max_rows) belong to requests
+    max_rows: int  # max_running_req; the dummy row is max_rows
     max_seq_len: int
     vocab: int
-    num_slots: int  # num_pages * page_size: the real KV slots; the dummy page's start here
+    num_slots: int  # num_pages * page_size; the dummy page starts here
     page_size: int
 
 
 def validate_batch(
     reqs: Sequence[Req], phase: Phase, limits: Limits, live_rows: Mapping[int, tuple[int, int]]
 ) -> None:
-    """The host-side checks of every request; nothing is read from the device."""
     if phase not in ("prefill", "decode"):
         raise InvalidRequestError(f"phase={phase!r} is invalid: use 'prefill' or 'decode'")
     check_reqs(reqs)
@@ -46,7 +41,6 @@ def validate_batch(
                 "that sampled it, whose token the engine keeps on the device)"
             )
         if live is not None and live[1] != req.uid and live[0] > req.cached_len:
-            # Its new tokens would land on the live request's own slots: the page table cannot tell them apart.
             raise InvalidRequestError(
                 f"request {req.uid}: page-table row {req.table_idx} holds the live KV of request {live[1]} "
                 f"({live[0]} tokens); release the row first (engine.release_rows([{req.table_idx}])) or use another"
@@ -57,7 +51,6 @@ def validate_batch(
 
 
 def check_reqs(reqs: object) -> None:
-    """A non-empty list or tuple of Req."""
     if not isinstance(reqs, (list, tuple)):
         raise InvalidRequestError(f"reqs must be a list or tuple of Req, got {type(reqs).__name__}")
     if not reqs:
@@ -68,7 +61,6 @@ def check_reqs(reqs: object) -> None:
 
 
 def check_ends(reqs: Sequence[Req], ends: object) -> list[int]:
-    """prepare_batch's chunk ends: one int per request, the device_len it runs to."""
     check_reqs(reqs)
     if not isinstance(ends, (list, tuple)) or len(ends) != len(reqs):
         raise InvalidRequestError(f"ends must be a list of {len(reqs)} ints, one per request, got {ends!r}")
@@ -79,7 +71,7 @@ def check_ends(reqs: Sequence[Req], ends: object) -> list[int]:
 
 
 def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
-    if type(req.token_ids) is not list:  # Req builds it; only an assignment from outside can break it
+    if type(req.token_ids) is not list:
         raise InvalidRequestError(
             f"request {req.uid}: token_ids must be the list of ints Req builds, got {type(req.token_ids).__name__}"
         )
@@ -114,7 +106,6 @@ def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
 
 
 def check_token_ids(reqs: Sequence[Req], parts: Sequence[list[int]], lo: int, hi: int, vocab: int) -> None:
-    """Every new token id lies in the vocabulary (lo and hi: the smallest and largest of them)."""
     if lo >= 0 and hi < vocab:
         return
     for req, part in zip(reqs, parts):
@@ -124,8 +115,7 @@ def check_token_ids(reqs: Sequence[Req], parts: Sequence[list[int]], lo: int, hi
 
 
 def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
-    """forward_batch runs a batch once, with the sampling args prepare_batch built for it: a second run would
-    mark KV as cached that was never computed."""
+    """A batch runs once, with its own args: a second run would mark KV cached that was never computed."""
     if not isinstance(batch, Batch):
         raise InvalidRequestError(f"batch must be the Batch from prepare_batch, got {type(batch).__name__}")
     if not isinstance(args, BatchSamplingArgs):
@@ -144,7 +134,6 @@ def check_fresh(batch: Batch, args: BatchSamplingArgs) -> None:
 
 
 def prompt_list(prompt_ids: object, vocab: int) -> list[int]:
-    """A prompt (a sequence of ints, a 1-D integer tensor or array) as a list of ints in the vocabulary."""
     values = token_list(prompt_ids, "prompt_ids")
     if not values:
         raise InvalidRequestError("the prompt is empty; give at least one token")
@@ -157,8 +146,7 @@ def prompt_list(prompt_ids: object, vocab: int) -> list[int]:
 
 
 def check_memory(free_bytes: int, needs: dict[str, int], hint: str) -> None:
-    """Refuse an allocation that cannot fit: torch would fail deep inside (or, on Linux, the OOM killer would
-    end the process while the buffer is zeroed)."""
+    """Refuse an allocation that cannot fit (else torch fails deep inside, or the OOM killer ends the process)."""
     total = sum(needs.values())
     if total > free_bytes:
         parts = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in needs.items())

@@ -1,7 +1,5 @@
-"""Attention backends and ATTENTION_BACKENDS, the registry that picks one by name (EngineConfig.attention_backend).
-
-A factory takes (kv_cache, page_table, num_qo_heads, device) and returns a BaseAttnBackend; each entry states what
-it requires (engine/registry.py), and a hybrid entry states which backend serves which batches.
+"""Attention backends and ATTENTION_BACKENDS (EngineConfig.attention_backend): a factory takes (kv_cache, page_table,
+num_qo_heads, device) and returns a BaseAttnBackend; a hybrid entry states which backend serves which batches.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from .triton_backend import TritonDecodeBackend
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
-# Already at bs 4 FlashInfer's graphs step faster than Triton decode, plan and all (RESULTS.md, H200).
-DECODE_MAX_BS = 1
+DECODE_MAX_BS = 1  # past it FlashInfer's graphs step faster (RESULTS.md)
 
 ATTENTION_BACKENDS: Registry[BackendFactory] = Registry("attention_backend", preferred=("flashinfer",))
 
@@ -36,7 +33,7 @@ def create_backend(
 
 @dataclass(frozen=True)
 class Hybrid:
-    """The factory of HybridAttnBackend `name`: a `decode` backend, and the rest on the first route usable here."""
+    """HybridAttnBackend `name`'s factory: `decode`, and the rest on the first route usable here."""
 
     name: str
     decode: BackendFactory
@@ -60,13 +57,12 @@ ATTENTION_BACKENDS.register("torch", lambda kv, table, heads, device: TorchAttnB
 ATTENTION_BACKENDS.register(
     "flashinfer",
     FlashInferAttnBackend,
-    # Its kernels are compiled for head_dim 64, 128 and 256 (the prefill tiles need >= 64).
     Requires(
         devices=("cuda",), dtypes=(torch.bfloat16, torch.float16), head_dim=HeadDim("its prefill kernel", 64, 256),
         package="flashinfer",
     ),
 )
-# Triton decode up to DECODE_MAX_BS rows beside FlashInfer; beside torch, which has no graphs, every decode batch.
+# Beside torch, which has no graphs, Triton takes every decode batch.
 ATTENTION_BACKENDS.register(
     "triton",
     Hybrid("triton", TritonDecodeBackend, (Route("flashinfer", DECODE_MAX_BS), Route("torch", None))),

@@ -1,20 +1,6 @@
-"""FlashInfer attention on CUDA: paged prefill/extend and decode over the engine's KV pool, any page_size >= 1.
-
-FlashInfer reads KV by page: a request of L tokens owns ceil(L / page_size) pages, listed in kv_indices, and its
-last page holds kv_last_page_len = L - (pages - 1) * page_size tokens. The engine's page table is token-granular
-(slot = page * page_size + offset), so the page ids are the slots at each page start divided by page_size. That
-needs whole pages: token j of a request lives at offset j % page_size of its (j // page_size)-th page, which is
-how the driver hands pages out (the torch backend also serves arbitrary slot lists).
-
-Planning happens once per batch, on the first layer's forward (or, for a CUDA graph, before its replay); every
-layer then only runs the kernels. A captured decode step computes its page ids inside the graph (graph_page_ids),
-from the page counts the plan copied in; the plan itself reads only the host's lengths.
-
-FlashInfer's plan stages its schedule in a pinned host buffer of the wrapper and copies it to the device
-asynchronously, so re-planning a wrapper before that copy ran would corrupt the earlier batch's schedule; each plan
-records an event and the next plan of the same wrapper waits for it.
-
-``import flashinfer`` happens only when this backend is built, so the engine imports on machines without it.
+"""FlashInfer attention on CUDA over the engine's token-granular page table: a page id is the slot at a page start
+divided by page_size, so requests must hold whole pages (the slot rule, engine/step/slots.py). One plan per batch, on
+the first layer (a graph: before replay, its page ids computed inside the graph); flashinfer is imported lazily.
 """
 
 from __future__ import annotations
@@ -32,20 +18,17 @@ from ..device import upload
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
-# GQA group sizes the CUDA-core decode kernel serves well; any other size runs decode on the tensor-core
-# (prefill) kernels, which take every group size.
+# GQA group sizes the CUDA-core decode kernel serves; others decode on the tensor-core kernels.
 CUDA_CORE_DECODE_GROUPS = (1, 2, 4, 8)
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
 @dataclass
 class PagedKVIndex:
-    """Host-side page metadata of one batch, built from request lengths alone (no device access)."""
-
     qo_indptr: torch.Tensor  # int32 [bs + 1]: new tokens of request i are qo_indptr[i]:qo_indptr[i+1]
     kv_indptr: torch.Tensor  # int32 [bs + 1]: pages of request i are kv_indices[kv_indptr[i]:kv_indptr[i+1]]
-    kv_last_page_len: torch.Tensor  # int32 [bs], in [1, page_size]
-    pages: torch.Tensor  # int64 [bs]: each request's page count
+    kv_last_page_len: torch.Tensor  # int32 [bs]
+    pages: torch.Tensor  # int64 [bs]
 
 
 def build_paged_kv_index(reqs: Sequence[Req], page_size: int) -> PagedKVIndex:
@@ -62,17 +45,10 @@ def build_paged_kv_index(reqs: Sequence[Req], page_size: int) -> PagedKVIndex:
 def kv_page_ids(
     page_table: torch.Tensor, table_rows: torch.Tensor, index: PagedKVIndex, page_size: int
 ) -> torch.Tensor:
-    """int32 page ids in kv_indices order, computed on the page table's device from the rows the batch reads
-    (table_rows, on the device).
-
-    Page p of request i starts at flat position rows[i] * width + p * page_size of the page table; the slot there
-    divided by page_size is its page id. A fixed handful of device ops whatever the batch size (built on the host,
-    the positions cost ~10 ns a page: 1.5 ms a step at bs 256).
-    """
+    """int32 page ids in kv_indices order, on the device, in a fixed number of ops whatever the batch size."""
     device = page_table.device
     total = int(index.kv_indptr[-1])
     n = len(index.pages)
-    # Flat position of page p (counted over the whole batch) = base[owner] + p * page_size.
     packed = upload(torch.cat([-index.kv_indptr[:-1].to(torch.int64) * page_size, index.pages]), device)
     base = table_rows * page_table.shape[1] + packed[:n]
     starts = torch.repeat_interleave(base, packed[n:], output_size=total)
@@ -87,10 +63,8 @@ def graph_page_ids(
     page_table: torch.Tensor, table_rows: torch.Tensor, kv_indptr: torch.Tensor, cols: torch.Tensor,
     page_size: int, out: torch.Tensor,
 ) -> None:
-    """kv_page_ids with shapes fixed by the graph: out[kv_indptr[i] + p] = the page id of page p of row
-    table_rows[i], for p in cols (every page a row can hold) below the request's page count; the rest land in out's
-    last entry, which no request's pages reach. kv_indptr: int32 [bs + 1] on the device. The torch statement of
-    what a captured step runs as one Triton launch (engine/attention/page_ids.py)."""
+    """kv_page_ids with graph-fixed shapes (cols: every page a row can hold; the rest land in out's last entry): the
+    torch reference of engine/attention/page_ids.py."""
     indptr = kv_indptr.long()
     valid = cols < (indptr[1:] - indptr[:-1]).unsqueeze(1)
     dest = torch.where(valid, indptr[:-1].unsqueeze(1) + cols, out.shape[0] - 1)
@@ -102,9 +76,9 @@ def graph_page_ids(
 @dataclass
 class FlashInferMetadata(BaseAttnMetadata):
     index: PagedKVIndex
-    kv_indices: torch.Tensor  # int32 page ids on the device
+    kv_indices: torch.Tensor
     last_indices: torch.Tensor
-    wrapper: Any = None  # the wrapper this batch's forward runs; None until planned
+    wrapper: Any = None  # None until planned
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -145,23 +119,20 @@ class FlashInferAttnBackend(BaseAttnBackend):
             **graph_buffers,
         )
 
-    # ---- metadata and planning ------------------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
         index = build_paged_kv_index(batch.padded_reqs, self.page_size)
         kv_indices = kv_page_ids(self.page_table, batch.table_rows, index, self.page_size)
-        if batch.is_decode:  # one token per request
+        if batch.is_decode:
             last = torch.arange(batch.padded_size, device=self.device)
         else:
             last = upload((index.qo_indptr[1:] - 1).to(torch.int64), self.device)
         batch.attn_metadata = FlashInferMetadata(index, kv_indices, last)
 
     def _plan(self, wrapper: Any, meta: FlashInferMetadata, is_decode: bool) -> None:
-        """Plan `wrapper` for meta's batch; a graph's wrapper is given no page ids (meta.kv_indices is empty there),
-        since the graph computes them into its buffer and the plan reads only the host's lengths."""
         key = id(wrapper)
         pending = self._plan_events.get(key)
         if pending is not None:
-            pending.synchronize()  # the previous plan's async copy out of the wrapper's pinned buffer is done
+            pending.synchronize()  # re-planning before the last plan's async copy would corrupt its schedule
         index = meta.index
         common = {"q_data_type": self.dtype, "kv_data_type": self.dtype}
         heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
@@ -184,18 +155,15 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata)
-        if meta.wrapper is None:  # first layer of an eager pass: plan once for the whole batch
+        if meta.wrapper is None:
             self._plan(self.decode_wrapper if batch.is_decode else self.prefill_wrapper, meta, batch.is_decode)
         kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q.contiguous(), kv)
 
-    # ---- CUDA graphs ------------------------------------------------------------------------------------------
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
-        """One decode wrapper per captured size, all viewing the same static metadata buffers."""
         max_bs = max(bs_list)
         pages_per_req = math.ceil(max_seq_len / self.page_size)
         self._graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
-        # One entry past every request's pages: where graph_page_ids puts the columns a request does not have.
         self._graph_kv_indices = torch.zeros(max_bs * pages_per_req + 1, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._graph_last_indices = torch.arange(max_bs, dtype=torch.int64, device=self.device)
@@ -211,14 +179,12 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self.prepare_for_replay(batch)
 
     def graph_metadata(self, batch: Batch) -> None:
-        from .page_ids import page_ids  # CUDA only, where Triton ships with torch
+        from .page_ids import page_ids
 
         page_ids(self.page_table, batch.table_rows, self._graph_kv_indptr[: batch.padded_size + 1],
                  self._graph_max_pages, self.page_size, self._graph_kv_indices)
 
     def prepare_for_replay(self, batch: Batch) -> None:
-        """Plan the captured wrapper of this size from the padded requests' lengths: the plan copies the page
-        counts and last-page lengths into the static buffers (graph_metadata reads them)."""
         bs = batch.padded_size
         index = build_paged_kv_index(batch.padded_reqs, self.page_size)
         meta = FlashInferMetadata(index, self._graph_kv_indices[:0], self._graph_last_indices[:bs])

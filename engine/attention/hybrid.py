@@ -1,7 +1,5 @@
-"""HybridAttnBackend: one backend for decode batches up to a size, another for every other batch, so that what runs
-where is stated where the hybrid is registered (a Route per possible `rest`, the first usable one taken) rather than
-inside a backend. The `triton` backend is one: Triton decode for small decode batches, FlashInfer or torch for the
-rest."""
+"""HybridAttnBackend: one backend for decode batches up to a size, another for the rest, so what runs where is stated
+where the hybrid is registered (a Route per possible `rest`) rather than inside a backend."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from .base import BaseAttnBackend
 
 @dataclass(frozen=True)
 class Route:
-    """Decode batches of up to decode_max_bs padded rows (every one where None) run on the hybrid's decode backend,
-    all other batches on `rest`, a registered attention backend."""
+    """Decode batches up to decode_max_bs padded rows (None: all) run on the decode backend, the rest on `rest`."""
 
     rest: str
     decode_max_bs: int | None
@@ -28,7 +25,7 @@ class HybridAttnBackend(BaseAttnBackend):
         self.decode = decode
         self.rest = rest
         self.decode_max_bs = decode_max_bs
-        # Graphs capture decode batches, so the rest must capture too unless the decode backend takes them all.
+        # The rest must capture too unless the decode backend takes every decode batch.
         self.supports_cuda_graph = decode.supports_cuda_graph and (decode_max_bs is None or rest.supports_cuda_graph)
 
     def describe(self) -> str:
@@ -38,7 +35,6 @@ class HybridAttnBackend(BaseAttnBackend):
         return f"{self.name}: {sizes} on {self.decode.describe()}, every other batch on {self.rest.describe()}"
 
     def decodes(self, bs: int) -> bool:
-        """Whether a decode batch of bs padded rows runs on the decode backend."""
         return self.decode_max_bs is None or bs <= self.decode_max_bs
 
     def backend_for(self, batch: Batch) -> BaseAttnBackend:

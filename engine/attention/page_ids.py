@@ -1,5 +1,4 @@
-"""A captured decode step's FlashInfer page ids in one Triton launch (flashinfer_backend.graph_page_ids states
-them). Imported only on CUDA machines that have Triton."""
+"""A captured step's FlashInfer page ids in one Triton launch (flashinfer_backend.graph_page_ids states them)."""
 
 from __future__ import annotations
 

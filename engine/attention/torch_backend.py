@@ -1,8 +1,5 @@
-"""Reference attention in plain torch, on CPU or CUDA.
-
-For each request it gathers the request's K/V slots from the page table and runs SDPA with a bottom-right
-causal mask: query i of an extend (cached_len > 0) sees every cached token and the new tokens up to itself.
-A decode batch runs as one SDPA call over keys padded to the longest request and masked.
+"""Reference attention in plain torch: per request, SDPA over its gathered K/V slots with a bottom-right causal mask;
+a decode batch as one SDPA call over keys padded to the longest request and masked.
 """
 
 from __future__ import annotations
@@ -19,13 +16,11 @@ from .base import BaseAttnBackend, BaseAttnMetadata
 
 @dataclass
 class TorchAttnMetadata(BaseAttnMetadata):
-    # Per request: (query start, query end) in the flattened batch, its slots [0, device_len), cached_len.
     q_ranges: list[tuple[int, int]]
     kv_slots: list[torch.Tensor]
     cached_lens: list[int]
     last_indices: torch.Tensor
-    # Decode only, built from kv_slots at the first layer: the slots padded to the longest request [bs, len] and
-    # a key mask [bs, 1, 1, len] (None when all lengths are equal), so one SDPA call serves the whole batch.
+    # Decode only, built at the first layer: the slots padded [bs, len] and a key mask (None when lengths are equal).
     decode_slots: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
 
@@ -71,7 +66,7 @@ class TorchAttnBackend(BaseAttnBackend):
             return self._decode(q, meta, k_slots, v_slots, group > 1)
         out = torch.empty_like(q)
         for (qs, qe), slots, cached in zip(meta.q_ranges, meta.kv_slots, meta.cached_lens):
-            # 4-D [1, heads, len, dim]: 3-D inputs fall back to SDPA's math kernel on CPU (3x slower at 2k tokens).
+            # 4-D: 3-D inputs fall back to SDPA's math kernel on CPU.
             qi = q[qs:qe].transpose(0, 1)[None]
             ki = k_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
             vi = v_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
@@ -81,7 +76,7 @@ class TorchAttnBackend(BaseAttnBackend):
                 # Bottom-right causal: query j sits at absolute position cached + j.
                 rows = torch.arange(q_len, device=q.device)[:, None] + cached
                 mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
-            # A fresh prefill (kv == q) is plain causal: is_causal skips building and reading a q x kv mask.
+            # A fresh prefill is plain causal: is_causal skips a q x kv mask.
             causal = q_len > 1 and cached == 0
             attn = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
             out[qs:qe] = attn[0].transpose(0, 1)
@@ -91,19 +86,18 @@ class TorchAttnBackend(BaseAttnBackend):
     def _decode(
         q: torch.Tensor, meta: TorchAttnMetadata, k_slots: torch.Tensor, v_slots: torch.Tensor, gqa: bool
     ) -> torch.Tensor:
-        """One query per request, all requests in one SDPA call: a per-request loop costs ~10 small ops per
-        request and layer (15% of a SmolLM2 decode step on CPU at bs 8)."""
+        """One query per request, all requests in one SDPA call."""
         if meta.decode_slots is None:
             lens = [len(slots) for slots in meta.kv_slots]
-            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(meta.kv_slots, batch_first=True)  # pads with slot 0
+            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(meta.kv_slots, batch_first=True)
             if min(lens) != max(lens):
                 real = torch.arange(max(lens), device=q.device) < torch.tensor(lens, device=q.device)[:, None]
                 meta.decode_mask = real[:, None, None, :]
         bs, longest = meta.decode_slots.shape
         flat = meta.decode_slots.view(-1)
-        # index_select, not k_slots[slots]: advanced indexing of whole rows is ~5x slower on CPU.
+        # index_select, not k_slots[slots]: advanced indexing of whole rows is slower on CPU.
         ki = k_slots.index_select(0, flat).view(bs, longest, *k_slots.shape[1:]).transpose(1, 2).to(q.dtype)
         vi = v_slots.index_select(0, flat).view(bs, longest, *v_slots.shape[1:]).transpose(1, 2).to(q.dtype)
-        qi = q.view(bs, 1, *q.shape[1:]).transpose(1, 2)  # [bs, heads, 1, dim]
+        qi = q.view(bs, 1, *q.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=meta.decode_mask, enable_gqa=gqa)
         return out.transpose(1, 2).reshape(q.shape)

@@ -1,10 +1,5 @@
-"""Triton decode attention on CUDA: decode batches only, the decode half of the `triton` hybrid (see __init__.py).
-It reads the page table and the sequence lengths on the device (engine/attention/triton_decode.py), so the host
-builds no page metadata and a captured graph replays with no plan in between.
-
-A decode request's length is its position + 1 (one new token, already stored), computed on the device from the
-batch's positions (inside the graph: graph_metadata); its KV is read through ctx.batch.table_rows, which a captured
-step computes itself.
+"""Triton decode attention on CUDA, the decode half of the `triton` hybrid: lengths (positions + 1) and rows are read
+on the device, so the host builds no page metadata and a graph replays with no plan.
 """
 
 from __future__ import annotations
@@ -20,9 +15,9 @@ from .base import BaseAttnBackend, BaseAttnMetadata
 
 @dataclass
 class TritonDecodeMetadata(BaseAttnMetadata):
-    last_indices: torch.Tensor  # arange(padded_size): one token per request
-    num_splits: int  # split-KV chunks per request: per graph size, or per eager batch from its longest request
-    seq_lens: torch.Tensor | None = None  # positions + 1, on the device (a graph's: computed inside it)
+    last_indices: torch.Tensor
+    num_splits: int  # split-KV chunks per request
+    seq_lens: torch.Tensor | None = None  # positions + 1, on the device
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -65,7 +60,6 @@ class TritonDecodeBackend(BaseAttnBackend):
             meta.seq_lens, self.scale, meta.num_splits,
         )
 
-    # ---- CUDA graphs: nothing to plan; the lengths and rows are read on the device -------------------------
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         self._max_seq_len = max_seq_len
 
@@ -79,4 +73,4 @@ class TritonDecodeBackend(BaseAttnBackend):
         meta.seq_lens = batch.positions + 1
 
     def prepare_for_replay(self, batch: Batch) -> None:
-        """Nothing: the graph computes the rows and lengths from the step's packed inputs."""
+        """Nothing: the graph computes the rows and lengths itself."""

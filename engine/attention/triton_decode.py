@@ -1,8 +1,5 @@
-"""Paged decode attention in Triton: one query token per request against its KV slots, found token by token
-through the engine's page table. The table row and the length of each request are read on the device, and the
-split of a request's tokens across programs (split-KV) is computed in the kernel from that length, so the
-launches depend only on the batch shape and a CUDA graph replays them with no host-side planning. All arithmetic
-is float32 without tensor cores (no TF32 rounding); the output is rounded to q's dtype once.
+"""Paged decode attention in Triton through the token-granular page table: rows, lengths and the split-KV split are
+read on the device, so a graph replays it with no host planning. float32 throughout; the output rounded once.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
-    """One (request, kv head, split): all GROUP query heads of the kv head over the split's chunk of tokens."""
+    """One (request, kv head, split): all GROUP query heads over the split's tokens."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -41,7 +38,7 @@ def _decode_kernel(
     g_mask = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :] * stride_qd,
                 mask=g_mask[:, None], other=0.0).to(tl.float32)
-    # Finite, so a row whose scores so far are all masked (-inf) gives exp(-inf) = 0, never exp(-inf - -inf) = NaN.
+    # Finite, so an all-masked row gives exp(-inf) = 0, never NaN.
     m = tl.full([G_PAD], -1.0e30, tl.float32)
     total = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], tl.float32)
@@ -64,7 +61,7 @@ def _decode_kernel(
         m = m_new
         start += BLOCK_N
 
-    # An empty split (total == 0) stores zeros and lse = -inf, so the merge gives it no weight.
+    # An empty split stores lse = -inf: no weight in the merge.
     o = acc / tl.where(total > 0, total, 1.0)[:, None]
     out_rows = (b * num_q_heads + heads) * num_splits + split
     tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + d[None, :], o.to(out_ptr.dtype.element_ty),
@@ -75,7 +72,6 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(parts_ptr, lse_ptr, out_ptr, num_splits, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One (request, query head): the splits' partial outputs weighted by exp(lse - max lse)."""
     r = tl.program_id(0)
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, HEAD_DIM)
@@ -83,27 +79,25 @@ def _merge_kernel(parts_ptr, lse_ptr, out_ptr, num_splits, S_PAD: tl.constexpr, 
     lse = tl.load(lse_ptr + r * num_splits + s, mask=s_mask, other=float("-inf"))
     parts = tl.load(parts_ptr + (r * num_splits + s)[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None],
                     other=0.0)
-    w = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty (seq_len >= 1), so the max is finite
+    w = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
     o = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
     tl.store(out_ptr + r * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
 
 
 def block_n(group: int, head_dim: int) -> int:
-    """Tokens per iteration: the [G_PAD, BLOCK_N, head_dim] product within TILE_VALUES, 16 to 64."""
     per_token = triton.next_power_of_2(group) * head_dim
     return max(16, min(64, triton.next_power_of_2(TILE_VALUES // per_token + 1) // 2))
 
 
 def _num_warps(tile: int, head_dim: int) -> int:
-    """Measured on an H200: 2 warps ran head_dim 128 up to 1.5x faster than 4; head_dim 64 was faster on 4."""
+    """Chosen by measurement (RESULTS.md)."""
     if tile > TILE_VALUES:
         return 8
     return 2 if head_dim >= 128 else 4
 
 
 def choose_splits(bs: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Splits per request so that bs * num_kv_heads * splits is about 2 programs per SM (of num_sms), each split at
-    least MIN_SPLIT_TOKENS of max_len; 1 once bs * num_kv_heads alone gives 2 per SM."""
+    """Splits per request for about 2 programs per SM, each at least MIN_SPLIT_TOKENS long."""
     wanted = triton.cdiv(2 * num_sms, bs * num_kv_heads)
     return max(1, min(MAX_SPLITS, wanted, max_len // MIN_SPLIT_TOKENS))
 
@@ -112,8 +106,7 @@ def paged_decode(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, page_table: torch.Tensor,
     table_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v for q [bs, Hq, D] (one token per request) over the first seq_lens[i] tokens of
-    page_table row table_rows[i], whose slots index k_slots/v_slots [num_slots, Hkv, D]. Returns [bs, Hq, D]."""
+    """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] slots of row table_rows[i] → [bs, Hq, D]."""
     bs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
     assert num_q_heads % num_kv_heads == 0 and num_splits >= 1

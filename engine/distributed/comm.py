@@ -26,8 +26,7 @@ class NullComm:
 
 
 class TorchDistComm:
-    """torch.distributed over gloo (CPU) or NCCL (CUDA, one GPU per rank: the engine's device); the process group
-    is owned and destroyed here."""
+    """torch.distributed over gloo (CPU) or NCCL (one GPU per rank); owns its process group."""
 
     def __init__(self, rank: int, size: int, port: int, timeout_s: float, device: torch.device) -> None:
         from datetime import timedelta

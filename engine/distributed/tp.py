@@ -1,9 +1,5 @@
-"""Tensor parallelism in the Megatron layout: each rank holds 1/size of the heads and of the MLP.
-
-shard_config gives a rank its model: its share of the heads and the MLP width, and its TPInfo, from which the
-parallel layers (engine/layers/linear.py) load their slice of each checkpoint tensor and the row-parallel ones sum
-their partial outputs across the ranks. Embeddings, norms and the LM head are replicated, so every rank ends with
-the same logits and samples the same token.
+"""Tensor parallelism in the Megatron layout: each rank holds 1/size of the heads and of the MLP; embeddings, norms
+and the LM head are replicated, so every rank samples the same token.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from .info import TPInfo
 
 
 def shard_config(cfg: ModelConfig, tp: TPInfo) -> ModelConfig:
-    """The model one rank builds: its share of the heads and of the MLP width."""
     if tp.size == 1:
         return cfg
     if cfg.num_experts:

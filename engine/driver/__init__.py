@@ -1,5 +1,4 @@
-"""The static driver: KV pages (pages), the request lifecycle (requests), the overlap loop (loop), composed by
-StaticDriver (static)."""
+"""The static driver: pages, the request lifecycle (requests) and the overlap loop, composed by StaticDriver."""
 
 from .loop import DECODE_LOOKAHEAD
 from .pages import Contiguous, Interleaved, LayoutKind, PageAllocator, PageLayout, PageOrder, Pages, Shuffled

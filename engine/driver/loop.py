@@ -1,6 +1,5 @@
-"""The driver's overlap loop: build and launch a pass, land its tokens, and take a pass back when it fails or is
-interrupted. While the device runs one pass the next is built and launched; only then are the first's tokens
-waited for. A launch that does not complete leaves the requests, pages and rows as they were before it."""
+"""The driver's overlap loop: the next pass is built and launched while the device runs the current one, whose tokens
+are waited for only then; a pass that fails or is interrupted leaves requests, pages and rows as they were."""
 
 from __future__ import annotations
 
@@ -12,14 +11,12 @@ from ..errors import NonFiniteLogitsError
 from .pages import Pages
 from .requests import Admission, Requests, RequestState
 
-# Tokens of page-table slots a decode step maps beyond the one it needs: one page-table write per 32 steps.
-DECODE_LOOKAHEAD = 32
+DECODE_LOOKAHEAD = 32  # tokens a decode step maps ahead, so most steps write no page-table entry
 
 
 @dataclass(frozen=True)
 class Rewind:
-    """What the driver alone changed for a launch, as it was before: each running request's prefill chunks (the
-    engine's step record puts back the requests' lengths)."""
+    """The running requests' chunk queues before a launch (the engine's step record restores their lengths)."""
 
     saved: tuple[tuple[RequestState, int, tuple[int, ...]], ...]
 
@@ -28,7 +25,6 @@ class Rewind:
         return cls(tuple((seq, seq.req.cached_len, tuple(seq.chunks)) for seq in seqs))
 
     def restore(self) -> None:
-        """Put back the chunk queues of requests whose pass did not complete (back at their cached_len)."""
         for seq, cached_len, chunks in self.saved:
             if seq.req.cached_len == cached_len:
                 seq.chunks = deque(chunks)
@@ -36,9 +32,7 @@ class Rewind:
 
 @dataclass
 class _Marks:
-    """What handing out a pass's tokens may change, as it was before: free pages, reservations and rows (counts:
-    releases go to the fronts), the running requests, the finished ones (a count: they are only added), and each
-    request of the pass."""
+    """What hand_out may change, as it was (counts where releases only go to the fronts or entries are only added)."""
 
     free_pages: int
     reserved: int
@@ -50,17 +44,14 @@ class _Marks:
 
 @dataclass
 class Launch:
-    """A pass started on the device, whose tokens the driver has not taken yet."""
-
     seqs: list[RequestState]
     partial: list[bool]  # per request: a prefill chunk that yields no token
     out: ForwardOutput
     rewind: Rewind
-    granted: list[RequestState]  # the pages it mapped, one entry per page (Pages.unmap takes them back)
+    granted: list[RequestState]  # one entry per page it mapped
 
 
 class Loop:
-    """Launches passes over the running requests and lands them, on one engine's pages and rows."""
 
     def __init__(self, engine: Engine, pages: Pages, requests: Requests, max_prefill_tokens: int | None) -> None:
         self.engine = engine
@@ -69,8 +60,6 @@ class Loop:
         self.max_prefill_tokens = max_prefill_tokens
 
     def step(self) -> dict[int, int]:
-        """One pass, waited for: {uid: new token}. Requests with nothing to sample finish with "error" and the
-        pass runs again for the others."""
         while True:
             launch = self.launch()
             if launch is None:
@@ -80,9 +69,7 @@ class Loop:
                 return produced
 
     def drive(self, pending: deque[Admission] | None = None, uids: list[int] | None = None) -> None:
-        """Run until everything (and `pending`, admitted as rows and pages free up) has finished, overlapped: the
-        next pass is built and started while the device runs the current one, and only then are the current
-        one's tokens waited for. A request that hits EOS rides one pass more, whose token is dropped."""
+        """Run until everything (and `pending`) has finished, overlapped; a request at EOS rides one more pass."""
         inflight: Launch | None = None
         try:
             while pending or self.requests.running or inflight is not None:
@@ -96,11 +83,10 @@ class Loop:
                     self.land_or_retire(landing)
                 inflight = nxt
         finally:
-            if inflight is not None:  # an exception (or interrupt) between launch and land: keep its tokens
+            if inflight is not None:
                 self.land_or_retire(inflight)
 
     def prefill_targets(self) -> list[tuple[RequestState, int]]:
-        """Requests still prefilling, with the device_len each reaches this step (chunks and budget apply)."""
         budget = self.max_prefill_tokens
         out = []
         for seq in self.requests.running.values():
@@ -111,7 +97,7 @@ class Loop:
             req = seq.req
             n = seq.chunks.popleft() if seq.chunks else req.num_tokens - req.cached_len
             if budget is not None:
-                if n > budget:  # take what fits now, the rest of the chunk next step
+                if n > budget:
                     seq.chunks.appendleft(n - budget)
                     n = budget
                 budget -= n
@@ -119,9 +105,7 @@ class Loop:
         return out
 
     def next_pass(self) -> tuple[list[RequestState], list[int] | None, Rewind, str] | None:
-        """The next pass: its requests, their chunk ends (prefill; None for decode), the Rewind of every running
-        request and the phase; None when nothing can run. A request whose tokens are all sampled, waiting for the
-        host, is left out."""
+        """(requests, prefill chunk ends or None, rewind, phase); None when nothing can run."""
         rewind = Rewind.of(list(self.requests.running.values()))
         targets = self.prefill_targets()
         if targets:
@@ -131,8 +115,6 @@ class Loop:
         return (seqs, None, rewind, "decode") if seqs else None
 
     def launch(self) -> Launch | None:
-        """Build and start the next pass on the device without waiting for it; None when nothing can run. If
-        the pass cannot start, the requests are left as they were."""
         planned = self.next_pass()
         if planned is None:
             return None
@@ -141,7 +123,7 @@ class Loop:
         try:
             if ends is not None:
                 granted = self.pages.map(seqs, ends)
-            else:  # decode maps DECODE_LOOKAHEAD tokens ahead (within the reservation): most steps write no page
+            else:
                 ps = self.pages.page_size
                 granted = self.pages.map(
                     seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * ps) for s in seqs]
@@ -155,8 +137,7 @@ class Loop:
             raise
 
     def land(self, launch: Launch) -> dict[int, int]:
-        """Wait for a pass's tokens and hand them to its requests (those finished meanwhile are skipped); if it
-        failed, its requests are put back and the error raised."""
+        """Wait for a pass's tokens and hand them out; a failed pass is put back and its error raised."""
         try:
             tokens = launch.out.result().tolist()
         except BaseException:
@@ -166,7 +147,7 @@ class Loop:
         marks = self.marks(launch.seqs)
         try:
             return self.requests.hand_out(launch.seqs, launch.partial, tokens, launch.out.logits)
-        except BaseException:  # an interrupt halfway: the whole step is taken back, the engine's part included
+        except BaseException:  # an interrupt halfway: take the whole step back
             self.rollback(marks)
             launch.out.undo()
             self.pages.unmap(launch.granted)
@@ -174,8 +155,7 @@ class Loop:
             raise
 
     def land_or_retire(self, launch: Launch) -> dict[int, int] | None:
-        """land, except that requests with nothing to sample finish with "error" (None: their pass must run
-        again for the others, who were put back)."""
+        """land; requests with nothing to sample finish with "error" (None: run the pass again for the others)."""
         try:
             return self.land(launch)
         except NonFiniteLogitsError as e:
@@ -189,8 +169,7 @@ class Loop:
 
     @staticmethod
     def withdraw(launch: Launch) -> Launch | None:
-        """Undo a pass started on top of one that failed: last in, first out, so the failed pass is undone after
-        the one built on it. Returns None: nothing is in flight any more."""
+        """Undo a pass started on top of a failed one (last in, first out); None: nothing in flight."""
         launch.out.undo()
         launch.rewind.restore()
         return None
@@ -205,7 +184,6 @@ class Loop:
         )
 
     def rollback(self, marks: _Marks) -> None:
-        """Put the bookkeeping hand_out touches back to `marks` (pages and rows it released went to the fronts)."""
         allocator, requests = self.pages.allocator, self.requests
         for _ in range(len(allocator.free) - marks.free_pages):
             allocator.free.popleft()

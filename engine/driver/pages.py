@@ -1,7 +1,5 @@
-"""KV pages for the driver: the order pages are handed out in (a PageOrder policy, chosen by a PageLayout), the
-allocator's free list and reservations, and the mapping of a request's pages into its page-table row. A request
-reserves pages for its whole life when it is admitted; which physical pages it gets is decided when a step maps
-them, all or nothing, the page-table row written before the pages are taken."""
+"""KV pages for the driver: the hand-out order (a PageOrder policy), the allocator's free list and reservations, and
+the mapping of a request's pages into its page-table row, all or nothing, when a step needs them."""
 
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ LayoutKind = Literal["contiguous", "shuffled", "interleaved"]
 
 
 class Holder(Protocol):
-    """A request as its pages see it: its page-table row (req.table_idx), its pages, its reservation."""
 
     req: Req
     pages: list[int]
@@ -36,17 +33,15 @@ H = TypeVar("H", bound=Holder)
 
 @runtime_checkable
 class PageOrder(Protocol):
-    """Which physical pages go where: the free list's order at start, and the order a batch's pages are taken."""
+    """The free list's order at start, and the order a batch's pages are taken."""
 
     def free_list(self, num_pages: int) -> list[int]: ...
 
     def grants(self, need: Sequence[int]) -> list[int]:
-        """For requests needing need[i] new pages each, the request index of each page, in the order taken."""
         ...
 
 
 class Contiguous:
-    """Ascending free list; each request takes its pages in one run."""
 
     def free_list(self, num_pages: int) -> list[int]:
         return list(range(num_pages))
@@ -57,7 +52,6 @@ class Contiguous:
 
 @dataclass(frozen=True)
 class Shuffled(Contiguous):
-    """The free list is a seeded permutation."""
 
     seed: int
 
@@ -68,7 +62,7 @@ class Shuffled(Contiguous):
 
 
 class Interleaved(Contiguous):
-    """A batch takes pages round-robin across its requests, so their pages alternate in memory."""
+    """A batch takes pages round-robin across its requests."""
 
     def grants(self, need: Sequence[int]) -> list[int]:
         return [i for r in range(max(need, default=0)) for i, k in enumerate(need) if k > r]
@@ -76,8 +70,7 @@ class Interleaved(Contiguous):
 
 @dataclass(frozen=True)
 class PageLayout:
-    """How physical pages are handed out, by name: contiguous, shuffled (with a seed) or interleaved. Freed pages go
-    back to the front of the free list, so the next request reuses them."""
+    """A PageOrder by name: contiguous, shuffled (with a seed) or interleaved."""
 
     kind: LayoutKind = "contiguous"
     seed: int = 0
@@ -121,17 +114,15 @@ class PageAllocator:
         self.reserved += n
 
     def peek(self, n: int) -> list[int]:
-        """The next n pages take() will hand out."""
         return list(itertools.islice(self.free, n))
 
     def take(self) -> int:
-        """A page from a reservation made earlier."""
         assert self.reserved > 0, "take() without a reservation"
         self.reserved -= 1
         return self.free.popleft()
 
     def untake(self, page: int) -> None:
-        """Undo the last take() of `page`: back to the front of the free list, and into the reservation."""
+        """Undo the last take() of `page`."""
         self.free.appendleft(page)
         self.reserved += 1
 
@@ -141,7 +132,6 @@ class PageAllocator:
 
 
 class Pages:
-    """The engine's KV pages as one driver hands them out: the allocator, and the page-table writes that map them."""
 
     def __init__(self, engine: Engine, order: PageOrder) -> None:
         self.engine = engine
@@ -150,7 +140,7 @@ class Pages:
         self.allocator = PageAllocator(engine.num_pages, order)
 
     def grants(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
-        """Which request each newly needed page goes to, in the order they are taken: enough for slots [0, upto)."""
+        """The request of each page needed for slots [0, upto), in the order taken."""
         need = [max(0, -(-n // self.page_size) - len(seq.pages)) for seq, n in zip(seqs, upto)]
         order = self.order.grants(need)
         if sorted(order) != [i for i, k in enumerate(need) for _ in range(k)]:
@@ -158,9 +148,8 @@ class Pages:
         return [seqs[i] for i in order]
 
     def map(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
-        """All or nothing: the page-table rows are written first (past a request's pages, nothing reads them),
-        then the pages are taken and appended, with no call that can fail in between; returns the requests that
-        got a page, once per page (what unmap takes back)."""
+        """All or nothing: rows written first (nothing reads past a request's pages), then pages taken; returns
+        one entry per page granted (for unmap)."""
         grants = self.grants(seqs, upto)
         if not grants:
             return grants
@@ -178,17 +167,15 @@ class Pages:
         return grants
 
     def unmap(self, grants: Sequence[Holder]) -> None:
-        """Give back the pages a map() granted, last first, so the free list is as it was."""
+        """Give back what map() granted, last first."""
         for seq in reversed(grants):
             self.allocator.untake(seq.pages.pop())
 
     def release(self, seq: Holder) -> None:
-        """A finished request's pages and the unmapped rest of its reservation, back to the front of the free list."""
         self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
         seq.pages = []
 
     def write(self, writes: list[tuple[int, int, int]]) -> None:
-        """One scatter into the page table for every page mapped this step: (row, first slot, page) each."""
         table = self.engine.page_table
         width, ps = table.shape[1], self.page_size
         flat, slots = [], []
@@ -196,6 +183,6 @@ class Pages:
             for offset in range(min(ps, width - start)):
                 flat.append(row * width + start + offset)
                 slots.append(page * ps + offset)
-        with self.engine.device.stream_context():  # after the passes in flight that read the table, in order
+        with self.engine.device.stream_context():  # ordered after the passes in flight that read the table
             packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
             table.view(-1)[packed[0]] = packed[1].to(torch.int32)

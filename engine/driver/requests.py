@@ -1,5 +1,5 @@
-"""The driver's requests: each one's state (RequestState), the checks that admit one, the table of running and
-finished requests with their page-table rows, handing a pass's tokens to its requests, and finishing them."""
+"""The driver's requests: their state, admission checks, the running and finished tables with their rows, handing
+out a pass's tokens, and finishing."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from .pages import Pages
 
 @dataclass
 class RequestState:
-    """The driver's view of one request: its Req plus pages, outputs and prefill chunking."""
 
     req: Req
     prompt_len: int
@@ -41,14 +40,13 @@ class Generation:
     uid: int
     prompt_ids: list[int]
     output_ids: list[int]
-    finish_reason: str  # "length", "eos", "abort", or "error" (the request could not continue)
+    finish_reason: str  # "length", "eos", "abort", or "error"
     logits: list[torch.Tensor]  # one float32 [vocab] row per generated token, when recorded
-    error: str | None = None  # why, when finish_reason is "error"
+    error: str | None = None
 
 
 @dataclass
 class Admission:
-    """A checked request, ready to take a row and its pages."""
 
     ids: list[int]
     params: SamplingParams
@@ -57,7 +55,6 @@ class Admission:
 
 
 class Requests:
-    """The running and finished requests, the free page-table rows, and the next uid."""
 
     def __init__(self, engine: Engine, pages: Pages, eos_token_ids: frozenset[int], record_logits: bool) -> None:
         self.engine = engine
@@ -70,7 +67,6 @@ class Requests:
         self.next_uid = 0
 
     def check(self, prompt_ids: object, params: object, chunk_sizes: object, where: str = "") -> Admission:
-        """Everything about one request that does not depend on what else is running; `where` prefixes errors."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"{where}params must be a SamplingParams, got {type(params).__name__}")
         engine, allocator = self.engine, self.pages.allocator
@@ -91,7 +87,7 @@ class Requests:
                 )
             pages = -(-total // self.pages.page_size)
             if pages > allocator.total:
-                allocator.reserve(pages)  # raises CapacityError: it can never fit
+                allocator.reserve(pages)  # CapacityError: it can never fit
         except (InvalidRequestError, CapacityError) as e:
             if not where:
                 raise
@@ -99,7 +95,6 @@ class Requests:
         return Admission(ids, params, tuple(int(c) for c in chunk_sizes), pages)
 
     def admit(self, admission: Admission) -> int:
-        """Take a row for a checked request whose pages are reserved."""
         uid = self.next_uid
         self.next_uid += 1
         params = admission.params
@@ -115,7 +110,7 @@ class Requests:
             uids.append(self.admit(pending.popleft()))
 
     def finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:
-        self.engine.release_rows([seq.req.table_idx])  # first: an interrupt there leaves the request as it was
+        self.engine.release_rows([seq.req.table_idx])  # first: an interrupt there changes nothing
         seq.finished = True
         seq.finish_reason = reason
         seq.error = error
@@ -126,7 +121,6 @@ class Requests:
 
     def hand_out(self, seqs: list[RequestState], partial: list[bool], tokens: list[int],
                  logits: torch.Tensor) -> dict[int, int]:
-        """A pass's tokens to its requests (a partial prefill chunk yields none; a finished request takes none)."""
         produced: dict[int, int] = {}
         for i, (seq, was_partial) in enumerate(zip(seqs, partial)):
             if was_partial or seq.finished:
@@ -153,7 +147,7 @@ class Requests:
 
     def drop(self, uids: list[int], first_uid: int) -> None:
         """Forget the requests of a failed generate(), as if it had never run."""
-        for uid in reversed(uids):  # newest first: rows go back to the free list in their old order
+        for uid in reversed(uids):  # newest first: rows go back in their old order
             if uid in self.running:
                 self.finish(self.running[uid], "abort")
             self.finished.pop(uid, None)
@@ -161,7 +155,7 @@ class Requests:
 
 
 def generate_pairs(prompts: object, params: object) -> list[tuple[object, object]]:
-    """generate()'s arguments as (prompt, params) pairs; the types and lengths are checked, not the values."""
+    """generate()'s arguments as (prompt, params) pairs; types and lengths checked, not values."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
         raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
     if isinstance(params, SamplingParams):

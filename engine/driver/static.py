@@ -1,11 +1,6 @@
-"""StaticDriver: plays the scheduler's role for examples, the oracle checks, properties and benchmarks.
-
-It composes the parts: Pages (the KV pages and their page-table mapping), Requests (admission, rows, results) and
-the Loop (launching and landing passes). A request reserves pages for its whole life (prompt + max_tokens) when it
-is added, so a step never runs out of pages halfway. One driver drives an engine at a time, and serves one thread
-at a time: it leaves a DriverClaim on its engine (engine.claim), a second driver is refused while the first has
-running requests and, once built, makes the first unusable; a call from a second thread meanwhile gets
-EngineBusyError.
+"""StaticDriver, the scheduler of examples, oracle, properties and benchmarks: Pages, Requests and the Loop. A request
+reserves its pages for life when added. One driver per engine (a DriverClaim on it: a second is refused while the
+first has running requests, and retires it once built), one thread at a time (else EngineBusyError).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from .requests import Admission, Generation, Requests, RequestState, generate_pa
 
 @dataclass(eq=False)
 class DriverClaim:
-    """What a driver leaves on its engine: its running requests, and why it may no longer be used, once it may not."""
+    """A driver's mark on its engine: its running requests, and why it is retired, once it is."""
 
     running: dict[int, RequestState]
     retired: str = ""
@@ -44,10 +39,7 @@ class StaticDriver:
         max_prefill_tokens: int | None = None,
         eos_token_ids: Collection[int] | None = None,
     ) -> None:
-        """Take over the engine's page-table rows and KV pages (see the module doc: one driver at a time).
-
-        eos_token_ids: the tokens that finish a request not ignoring EOS (default: the model's EOS ids).
-        """
+        """Take over the engine's rows and pages. eos_token_ids: default the model's EOS ids."""
         engine.check_open()
         if layout is not None and not isinstance(layout, (PageLayout, PageOrder)):
             raise ConfigError(f"layout={layout!r} is invalid: use a PageLayout, a PageOrder or None")
@@ -80,7 +72,7 @@ class StaticDriver:
         if isinstance(previous, DriverClaim):
             previous.retired = "a newer StaticDriver took over its engine; use that one"
         engine.claim(self.claim)
-        engine.release_rows(range(engine.config.max_running_req))  # every row is this driver's now
+        engine.release_rows(range(engine.config.max_running_req))
 
     @property
     def running(self) -> dict[int, RequestState]:
@@ -96,7 +88,6 @@ class StaticDriver:
 
     @contextmanager
     def _exclusive(self, what: str) -> Iterator[None]:
-        """Hold the driver for one call; a second thread meanwhile gets EngineBusyError, and nothing changes."""
         self.engine.check_open()
         if self.claim.retired:
             raise EngineBusyError(f"{what}: this StaticDriver cannot be used: {self.claim.retired}")
@@ -105,14 +96,14 @@ class StaticDriver:
                 f"{what}: this StaticDriver is in use by another thread; a driver serves one thread at a time"
             )
         try:
-            # The engine too, for the whole call: no shutdown() or release_rows() lands between its engine calls.
+            # The engine too: no shutdown() or release_rows() lands between this call's engine calls.
             with self.engine.exclusive(what):
                 yield
         finally:
             self._busy.release()
 
     def close(self) -> None:
-        """Abort every running request and give the engine up; the driver cannot be used afterwards."""
+        """Abort every running request and give the engine up for good."""
         with self._exclusive("close"):
             for uid in list(self.running):
                 self.requests.finish(self.running[uid], "abort")
@@ -123,10 +114,8 @@ class StaticDriver:
     def add(
         self, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams, chunk_sizes: Sequence[int] = ()
     ) -> int:
-        """Admit a request: take a page-table row and reserve its pages. Raises CapacityError if none fit.
-
-        Everything is checked before the row and pages are taken, so a rejected request leaks neither.
-        """
+        """Admit a request (a row, its pages reserved) and return its uid; CapacityError if it does not fit, and a
+        rejected request takes nothing."""
         with self._exclusive("add"):
             admission = self.requests.check(prompt_ids, params, chunk_sizes)
             if not self.requests.free_rows:
@@ -138,21 +127,14 @@ class StaticDriver:
             return self.requests.admit(admission)
 
     def abort(self, uid: int) -> None:
-        """Drop a running request and give its row and pages back."""
         with self._exclusive("abort"):
             if uid not in self.running:
                 raise InvalidRequestError(f"uid {uid!r} is not a running request")
             self.requests.finish(self.running[uid], "abort")
 
     def step(self) -> dict[int, int]:
-        """Run one forward pass (prefill of new requests first, else decode) and wait for it; returns {uid: new
-        token}.
-
-        A request whose logits have no token to sample (NonFiniteLogitsError) finishes with finish_reason
-        "error", and the pass runs again for the others, who get exactly the tokens they would have got without
-        it. If the pass fails otherwise (an error in the model, ...), the requests are left as they were, so
-        step() can run again.
-        """
+        """One pass (prefill first, else decode), waited for: {uid: new token}. A request with nothing to sample
+        finishes with "error" and the pass reruns for the others; any other failure leaves the requests as they were."""
         with self._exclusive("step"):
             return self.loop.step()
 
@@ -166,22 +148,16 @@ class StaticDriver:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
-        """Run every prompt to completion, admitting requests as rows and pages free up; results in order.
-
-        Admission is atomic: every prompt is checked first, so a bad one is refused (its index named) before any
-        is admitted. A request that cannot continue comes back with finish_reason "error". If a step raises
-        anyway, the requests of this call are dropped (rows and pages returned) before the error propagates.
-        """
+        """Run every prompt to completion, results in order. All prompts are checked before any is admitted; if a step
+        raises, this call's requests are dropped first."""
         with self._exclusive("generate"):
             pairs = generate_pairs(prompts, params)
             pending = deque(self.requests.check(p, sp, (), f"prompt {i}: ") for i, (p, sp) in enumerate(pairs))
             return self._run_admitting(pending, [], self.requests.next_uid)
 
     def _run_admitting(self, pending: deque[Admission], uids: list[int], first_uid: int) -> list[Generation]:
-        """Step until `pending` is admitted and everything has finished; on an exception, drop this call's
-        requests (`uids`, numbered from first_uid) before it propagates."""
         requests, allocator = self.requests, self.pages.allocator
-        # Alone on the driver, the call can put the free pages and rows back in their order too, as if never run.
+        # Alone on the driver, a failed call also puts the free pages and rows back in order.
         free = (deque(allocator.free), allocator.reserved, deque(requests.free_rows)) if not self.running else None
         try:
             self.loop.drive(pending, uids)

@@ -1,8 +1,5 @@
-"""How many KV pages fit: pages = (memory_ratio × free_before − model_bytes) // bytes_per_page.
-
-model_bytes is what loading the model took: measured on CUDA (free memory before minus after), the parameter bytes
-on CPU. Every TP rank must agree, so the caller takes the minimum across ranks. On CPU the pool is also capped by
-cpu_kv_cache_bytes, since "free RAM" is shared with everything else on the host.
+"""How many KV pages fit: (memory_ratio × free_before − model_bytes) // bytes_per_page, capped on CPU by
+cpu_kv_cache_bytes (free RAM is the whole host's); the caller takes the minimum across TP ranks.
 """
 
 from __future__ import annotations
@@ -13,8 +10,7 @@ MIN_PAGES = 2
 
 
 def model_footprint(param_bytes: int, measured: int | None) -> int:
-    """What the model takes: the measured drop in free memory, never less than its parameters (memory another
-    process frees while the model loads would otherwise count against the model as negative)."""
+    """The measured drop in free memory, never less than the parameters (another process may free memory)."""
     return param_bytes if measured is None else max(measured, param_bytes)
 
 

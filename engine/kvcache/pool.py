@@ -1,8 +1,5 @@
-"""The paged KV pool: one tensor [2, layers, pages, page_size, kv_heads, head_dim].
-
-A token slot is ``page * page_size + offset``; the page table stores slots, so attention gathers by slot.
-The last page belongs to the dummy request that pads graph batches. The pool owns the layout; the write itself
-runs on the layer kernels its caller passes (the attention backend passes the forward context's).
+"""The paged KV pool, one tensor [2, layers, pages, page_size, kv_heads, head_dim]: a slot is ``page * page_size +
+offset``, the last page the dummy's; writes run on the layer kernels the caller passes.
 """
 
 from __future__ import annotations
@@ -41,14 +38,12 @@ class KVCachePool:
         return (self.num_pages + 1) * self.page_size
 
     def k_cache(self, layer: int) -> torch.Tensor:
-        """[pages, page_size, kv_heads, head_dim] view of one layer's keys."""
         return self.buffer[0, layer]
 
     def v_cache(self, layer: int) -> torch.Tensor:
         return self.buffer[1, layer]
 
     def k_slots(self, layer: int) -> torch.Tensor:
-        """[slots, kv_heads, head_dim] view: the page and offset dims flattened to one slot index."""
         return self.buffer[0, layer].view(-1, self.num_kv_heads, self.head_dim)
 
     def v_slots(self, layer: int) -> torch.Tensor:
@@ -57,7 +52,6 @@ class KVCachePool:
     def store_kv(
         self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
     ) -> None:
-        """Write k, v ([tokens, kv_heads, head_dim]) into the slots out_loc ([tokens]) with `kernels`."""
         kernels.store_kv(self.k_slots(layer), self.v_slots(layer), k, v, out_loc)
 
     @staticmethod

@@ -1,7 +1,4 @@
-"""The attention layer: split qkv, optional per-head q/k norm (Qwen3), RoPE, then the backend.
-
-The q/k norms are owned by the caller (HF keeps them on self_attn), and passed in; norm + RoPE run on the
-context's layer kernels, attention (with its KV store) on the context's backend."""
+"""The attention layer: split qkv, optional q/k norm (the caller's, as HF keeps them on self_attn), RoPE, backend."""
 
 from __future__ import annotations
 

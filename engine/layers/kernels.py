@@ -1,13 +1,6 @@
-"""The decoder layers' elementwise kernels (RMSNorm, residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, the
-KV store) behind one interface, LayerKernels, picked by name like the attention backends and reaching the layers
-the same way: the Engine puts its instance in the Context (``ctx.kernels``), which every forward pass gets.
-
-TorchKernels ('torch') runs HF's own op sequence: the reference, on any device, and exact to HF on CPU.
-TritonKernels ('triton', CUDA) fuses each sequence into one launch that keeps HF's rounding steps, and runs the
-projections of small batches as its own GEMV (SiLU-and-mul fused into down_proj's). Unfused, a
-decode step is ~60 small kernels per layer; inside a CUDA graph their latencies still add up to most of a
-small-batch step (3.9 ms of device time for the Qwen3-0.6B shape at bs 1 on an H200, where the weights take
-~0.3 ms to read).
+"""The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store) behind
+LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch' runs HF's op sequence (the
+reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a small-batch GEMV.
 """
 
 from __future__ import annotations
@@ -30,8 +23,6 @@ if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
 
 
 class HeadNorm(Protocol):
-    """The parameters of a per-head RMSNorm module (Qwen3's q_norm / k_norm)."""
-
     @property
     def weight(self) -> torch.Tensor: ...
     @property
@@ -39,23 +30,22 @@ class HeadNorm(Protocol):
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: mean of squares and rsqrt in float32, cast back, then scaled by the weight."""
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    # HF casts back to the input dtype before the weight multiply; doing it after changes bf16 results.
+    # HF casts back before the weight multiply; after would change bf16 results.
     return weight * h.to(dtype)
 
 
 class LayerKernels(ABC):
-    """The interface: one method per op sequence, each computing what HF's modules compute."""
+    """One method per op sequence, each computing what HF's modules compute."""
 
     name: str
     fuses_residual: bool  # when False, RMSNorm adds the residual itself and calls its (patchable) forward
 
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """HF's RMSNorm of x over its last dim."""
+        """HF's RMSNorm over the last dim."""
 
     @abstractmethod
     def add_rms_norm(
@@ -84,19 +74,15 @@ class LayerKernels(ABC):
         return F.linear(self.silu_and_mul(x) if gated else x, weight, bias)
 
     def arrange_weights(self, model: nn.Module) -> None:
-        """Lay the loaded weights out for these kernels' matrix products (CUDA only): cuBLAS's batch-1 GEMV is
-        faster on column-major narrowing weights (engine/layers/linear.py)."""
+        """Lay the loaded weights out for these kernels' matrix products (CUDA only)."""
         narrowing_weights_column_major(model)
 
     def declines(self, op: str, *args: object) -> str | None:
-        """Why these kernels hand op(*args) (the method's own arguments) to the torch reference, or None where they
-        run it themselves: the op-level harness fails a hand-over that is not declared here."""
+        """Why op(*args) goes to the torch reference, or None; the op-level harness fails an undeclared hand-over."""
         return None
 
 
 class TorchKernels(LayerKernels):
-    """The torch reference: HF's op sequences, one torch op at a time."""
-
     name = "torch"
     fuses_residual = False
 
@@ -125,12 +111,11 @@ class TorchKernels(LayerKernels):
         v_slots[index] = v.to(v_slots.dtype)
 
 
-TORCH_KERNELS = TorchKernels()  # stateless, so every engine that picks 'torch' can share it
+TORCH_KERNELS = TorchKernels()
 
 
 class TritonKernels(LayerKernels):
-    """Fused Triton launches (see triton_kernels.py); a KV store or product the kernels cannot serve falls back to
-    torch."""
+    """Fused Triton launches (triton_kernels.py); what they cannot serve falls back to torch (declines)."""
 
     name = "triton"
     fuses_residual = True
@@ -171,8 +156,7 @@ class TritonKernels(LayerKernels):
         return super().linear(x, weight, bias, gated)
 
     def arrange_weights(self, model: nn.Module) -> None:
-        """Row-major stays where the small-batch GEMV serves the dtype (it reads whole rows, and at larger batches
-        cuBLAS is as fast either way, RESULTS.md); other dtypes keep cuBLAS's layout."""
+        # Row-major where the GEMV serves the dtype (it reads whole rows); others keep cuBLAS's layout.
         if next(model.parameters()).dtype not in self._k.GEMV_DTYPES:
             super().arrange_weights(model)
 

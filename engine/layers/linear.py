@@ -1,7 +1,5 @@
-"""Linear layers, tensor-parallel in the Megatron layout: a Linear is replicated, a ColumnParallelLinear holds its
-rank's output features (q/k/v and gate/up merged), a RowParallelLinear its input features and all-reduces the partial
-sum; each cuts its slice from the checkpoint tensor (load_slice). Products run on ctx.kernels.linear; on CUDA a
-narrowing weight is kept column-major, where cuBLAS's batch-1 GEMV is faster with the same result (RESULTS.md).
+"""Linear layers, tensor-parallel in the Megatron layout (column-parallel output features, row-parallel input features
+all-reduced), each cutting its slice of the checkpoint tensor; products run on ctx.kernels.linear.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ if TYPE_CHECKING:
 
 
 class Linear(nn.Module):
-    """Replicated: every rank holds the whole weight."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -29,12 +26,11 @@ class Linear(nn.Module):
         return ctx.kernels.linear(x, self.weight, self.bias)
 
     def load_slice(self, leaf: str, full: torch.Tensor) -> torch.Tensor:
-        """This rank's part of the checkpoint tensor for parameter `leaf` (weight or bias)."""
         return full
 
 
 class ColumnParallelLinear(Linear):
-    """Output features split over the TP ranks; out_features is this rank's share."""
+    """out_features is this rank's share."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPInfo, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias)
@@ -45,8 +41,7 @@ class ColumnParallelLinear(Linear):
 
 
 class MergedLinear(ColumnParallelLinear):
-    """Several HF projections stacked along the output dim, each split over the ranks; `shards` names them with
-    this rank's sizes."""
+    """Several HF projections stacked on the output dim; `shards` names them with this rank's sizes."""
 
     def __init__(self, in_features: int, shards: dict[str, int], tp: TPInfo, bias: bool = False) -> None:
         super().__init__(in_features, sum(shards.values()), tp, bias)
@@ -58,8 +53,7 @@ class MergedLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(Linear):
-    """Input features split over the TP ranks (in_features is this rank's share); the partial outputs are summed
-    across the ranks. No bias: it would be added once per rank."""
+    """in_features is this rank's share; the partial outputs are all-reduced, so no bias."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPInfo) -> None:
         super().__init__(in_features, out_features)
@@ -75,7 +69,7 @@ class RowParallelLinear(Linear):
 
 
 def narrowing_weights_column_major(model: nn.Module) -> None:
-    """Restride the weight of every unmerged Linear whose input is wider than its output (see the module doc)."""
+    """Column-major narrowing weights: cuBLAS's batch-1 GEMV is faster on them, same result (RESULTS.md)."""
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, Linear) or isinstance(module, MergedLinear):

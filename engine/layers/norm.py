@@ -1,7 +1,4 @@
-"""RMSNorm computed the way HF computes it: in float32, cast back, then scaled by the weight.
-
-The module holds the weight and eps; the op runs on the forward context's layer kernels (``ctx.kernels``).
-"""
+"""RMSNorm as HF computes it; the module holds the weight and eps, the op runs on ``ctx.kernels``."""
 
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ class RMSNorm(nn.Module):
     def forward_residual(
         self, x: torch.Tensor, residual: torch.Tensor, ctx: Context
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fused residual add: returns (norm(x + residual), x + residual)."""
+        """(norm(x + residual), x + residual)."""
         if ctx.kernels.fuses_residual:
             return ctx.kernels.add_rms_norm(x, residual, self.weight, self.eps)
         x = x + residual

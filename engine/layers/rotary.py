@@ -10,7 +10,7 @@ from ..models.config import RopeConfig
 
 
 def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
-    # Same expression as HF (int64 arange cast to float) so the float32 values match bit for bit.
+    # HF's expression, so the float32 values match bit for bit.
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if rope.rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, rope)
@@ -18,7 +18,6 @@ def inv_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
 
 
 def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
-    """Llama 3.1 scaling: long wavelengths are slowed by `factor`, short ones kept, a smooth blend between."""
     old_len = rope.original_max_position_embeddings
     low_wavelen = old_len / rope.low_freq_factor
     high_wavelen = old_len / rope.high_freq_factor
@@ -31,11 +30,7 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Holds a float32 cos/sin table for every position up to max_positions.
-
-    Not an nn.Module buffer on purpose: the model is built on the meta device, and this table is computed
-    on the real device after loading.
-    """
+    """A float32 cos/sin table per position; not a module buffer, as the model is built on the meta device."""
 
     def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig, device: torch.device) -> None:
         inv_freq = inv_frequencies(head_dim, rope).to(device)
@@ -47,7 +42,6 @@ class RotaryEmbedding:
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {torch.float32: (self.cos, self.sin)}
 
     def tables_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin cast to dtype, as HF casts them before the multiply; cast once and kept."""
         if dtype not in self._cast:
             self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
         return self._cast[dtype]
@@ -57,8 +51,7 @@ class RotaryEmbedding:
 
 
 class RotaryAt:
-    """RoPE at one forward pass's positions. The torch path gathers the cos/sin rows once per pass and dtype,
-    as HF does, and every layer reuses them; a fused kernel reads the positions and tables directly."""
+    """RoPE at one pass's positions; the torch path gathers cos/sin rows once per pass and dtype."""
 
     def __init__(self, table: RotaryEmbedding, positions: torch.Tensor) -> None:
         self.table = table
@@ -66,7 +59,7 @@ class RotaryAt:
         self._rows: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, heads, head_dim] rotated by each token's position (HF: cos/sin cast to x's dtype first)."""
+        """x: [tokens, heads, head_dim] rotated by each token's position."""
         rows = self._rows.get(x.dtype)
         if rows is None:
             cos, sin = self.table.tables_in(x.dtype)

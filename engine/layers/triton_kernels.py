@@ -1,8 +1,5 @@
-"""Triton kernels for the decoder layers on CUDA: each fuses one of HF's op sequences into a single launch.
-
-Every intermediate that HF rounds to the model dtype is rounded here too (``_round`` between steps), so the
-results follow HF's bf16/fp16 arithmetic step by step; only the order of a sum of squares differs. Imported only
-on CUDA machines that have Triton (it ships with CUDA builds of torch).
+"""Triton kernels for the decoder layers on CUDA, each one of HF's op sequences in a single launch, rounding every
+intermediate HF rounds (``_round``), so only the order of a sum of squares differs from HF.
 """
 
 from __future__ import annotations
@@ -16,9 +13,7 @@ from .rotary import RotaryEmbedding
 
 @triton.jit
 def _round(x, dt: tl.constexpr):
-    """float32 x rounded to dt (round to nearest even) and widened back. For bfloat16 this works on the bits: as a
-    cast pair, the compiler folded the rounding of a product into an FMA with the following add (seen on the
-    H200: 18% of RoPE outputs 1 ulp off HF's)."""
+    """float32 x rounded to dt and widened back; bfloat16 on the bits, as a cast pair could be fused into an FMA."""
     if dt == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
@@ -38,7 +33,7 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     dt = x.dtype
     h = x.to(tl.float32)
-    if HAS_RESIDUAL:  # HF: hidden = residual + hidden, rounded to the model dtype, kept as the next residual
+    if HAS_RESIDUAL:  # HF rounds the sum and keeps it as the next residual
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
         h = _round(h + r.to(tl.float32), dt)
         tl.store(sum_ptr + row * stride_s + cols, h.to(dt), mask=mask)
@@ -53,7 +48,6 @@ def _norm_rope_kernel(
     x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_table, eps,
     HAS_NORM: tl.constexpr, HALF: tl.constexpr,
 ):
-    """One head of one token: optional per-head RMSNorm (Qwen3's q/k norm), then NeoX RoPE."""
     t = tl.program_id(0)
     head = tl.program_id(1)
     offs = tl.arange(0, HALF)
@@ -70,8 +64,7 @@ def _norm_rope_kernel(
         x1 = _round(w1 * _round(a * inv_rms, dt), dt)
         x2 = _round(w2 * _round(b * inv_rms, dt), dt)
     pos = tl.load(pos_ptr + t)
-    # HF: x * cos and rotate_half(x) * sin rounded, then their sum; the tables come already cast to the model
-    # dtype (casting them here, the compiler dropped that rounding of loaded values: 18% of outputs were 1 ulp off).
+    # The tables come already in the model dtype: a cast here gets folded away.
     c1 = tl.load(cos_ptr + pos * stride_table + offs).to(tl.float32)
     c2 = tl.load(cos_ptr + pos * stride_table + HALF + offs).to(tl.float32)
     s1 = tl.load(sin_ptr + pos * stride_table + offs).to(tl.float32)
@@ -102,8 +95,6 @@ def _store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_slot,
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
-    """Token t's keys and values (all heads) into slot loc[t] of both caches: one launch instead of two
-    index_puts and an index cast."""
     t = tl.program_id(0)
     slot = tl.load(loc_ptr + t).to(tl.int64)
     head = tl.arange(0, HEADS)[:, None]
@@ -116,7 +107,6 @@ def _store_kv_kernel(
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, last dim] with unit stride in the last dim (a view when possible)."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
@@ -154,7 +144,6 @@ def add_rms_norm(
 def norm_rope(
     x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, weight: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """x: [tokens, heads, head_dim] (rows may be strided) → a new contiguous tensor of the same shape."""
     tokens, heads, head_dim = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -182,7 +171,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def store_kv_fits(k_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether store_kv's power-of-two tiles cover these shapes (unit inner strides, contiguous caches)."""
     heads = k.shape[1]
     return not heads & (heads - 1) and k.stride(-1) == 1 and v.stride(-1) == 1 and k_slots.is_contiguous()
 
@@ -190,7 +178,6 @@ def store_kv_fits(k_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bo
 def store_kv(
     k_slots: torch.Tensor, v_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor
 ) -> None:
-    """k_slots[loc] = k, v_slots[loc] = v; the caches are [slots, heads, head_dim], shapes as store_kv_fits asks."""
     tokens, heads, head_dim = k.shape
     if tokens:
         _store_kv_kernel[(tokens,)](
@@ -199,7 +186,6 @@ def store_kv(
         )
 
 
-# ---- small-batch matrix products: one program per BLOCK_N output features, the whole K in-program -----------------
 GEMV_MAX_ROWS = 8
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -210,8 +196,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) in float32, rounded once. GATED: x rows are a merged
-    [gate | up] of width 2K and the input is SiLU(gate) * up, rounded as _silu_and_mul_kernel rounds it."""
+    """x @ w.T (+ bias) in float32, rounded once; GATED: x is [gate | up] of width 2K, input SiLU(gate) * up."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N
@@ -238,9 +223,7 @@ def _gemv_kernel(
 
 
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """Whether gemv serves this product (row-major weights of the input's dtype, int32 offsets): every single-row
-    product, and narrowing ones (o_proj, down_proj) up to GEMV_MAX_ROWS rows; elsewhere cuBLAS is as fast or
-    faster (RESULTS.md, H200)."""
+    """Single rows, and narrowing products up to GEMV_MAX_ROWS rows: elsewhere cuBLAS is as fast (RESULTS.md)."""
     n, k = weight.shape
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
@@ -254,14 +237,12 @@ def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> boo
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
-    """F.linear(x, weight, bias), or F.linear(SiLU(gate) * up, weight) of a merged x when gated, for the few rows
-    gemv_fits accepts."""
     rows = _rows(x)
     m = rows.shape[0]
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
-    # Measured best on an H200 for the Qwen3-0.6B projections (RESULTS.md): 4 rows a program, long K chunks.
+    # Tuned for the Qwen3-0.6B projections (RESULTS.md).
     block_n = max(1, min(4, triton.next_power_of_2(max(1, n // 256))))
     block_k = min(triton.next_power_of_2(k), 2048 if k % 2048 == 0 else 1024, 8192 // (block_m * block_n))
     _gemv_kernel[(triton.cdiv(n, block_n),)](

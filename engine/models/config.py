@@ -1,14 +1,6 @@
-"""ModelConfig: the architecture facts the engine needs, parsed from an HF config.json (and the EOS ids from
-generation_config.json, as HF's generate takes them).
-
-Accepts both transformers-4 keys (``rope_theta``/``rope_scaling``) and transformers-5 keys
-(``rope_parameters``, which carries rope_theta and the scaling together). Every value is checked for its kind, not
-coerced (``int(2.5)`` truncates, ``bool("false")`` is true): counts are integers, scales finite and positive, flags
-JSON booleans; a bad one raises ModelLoadError naming the key. A key that is absent or null takes its default.
-
-EOS ids follow transformers: when the directory has a generation_config.json, its ``eos_token_id`` is the stop set
-(absent or null there: no EOS stop at all, as HF's generate runs on to max_new_tokens), else config.json's. Where HF
-quietly falls back to config.json on a generation_config.json it cannot read, the engine refuses to load instead.
+"""ModelConfig: the architecture facts the engine needs, from an HF config.json (transformers 4 or 5 keys), every value
+checked for its kind, not coerced (ModelLoadError naming the key; absent or null takes the default). EOS ids follow
+HF's generate: generation_config.json's when the file exists (unset: no EOS stop), else config.json's.
 """
 
 from __future__ import annotations
@@ -24,15 +16,13 @@ from ..distributed.info import TPInfo
 from ..errors import ModelLoadError
 
 GENERATION_CONFIG = "generation_config.json"
-# Upper bound of every count: past any real model, and a product of a few stays inside torch's int64 sizes.
-MAX_COUNT = 2**31 - 1
+MAX_COUNT = 2**31 - 1  # a product of a few counts stays inside torch's int64 sizes
 
 
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float
     rope_type: str = "default"
-    # llama3 scaling (only read when rope_type == "llama3")
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -55,16 +45,13 @@ class ModelConfig:
     rope: RopeConfig
     attention_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()
-    # Sparse MoE (Qwen3-MoE); num_experts == 0 means a dense MLP in every layer.
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
-    # The TP rank this config was sharded for (engine/distributed/tp.py): the heads and MLP width above are its share,
-    # and its parallel layers load their slice of each checkpoint tensor.
-    tp: TPInfo = TPInfo()
+    tp: TPInfo = TPInfo()  # the rank sharded for: the heads and MLP width are its share
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -116,7 +103,6 @@ class ModelConfig:
         return model_cfg
 
     def is_sparse_layer(self, layer_id: int) -> bool:
-        """Whether layer `layer_id` has a sparse MoE block instead of a dense MLP (HF's rule)."""
         return (
             self.num_experts > 0
             and layer_id not in self.mlp_only_layers
@@ -139,7 +125,6 @@ class ModelConfig:
 
 
 def read_json(file: Path) -> Any:
-    """The JSON in file; ModelLoadError naming it when it is not UTF-8 JSON or cannot be read."""
     try:
         return json.loads(file.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -151,9 +136,8 @@ def read_json(file: Path) -> Any:
 
 
 def generation_eos(file: Path, vocab_size: int) -> tuple[int, ...] | None:
-    """The EOS ids of generation_config.json (() where it sets none), or None when the directory has no such file."""
-    # A dangling link is a broken file, not an absent one.
-    if not file.exists() and not file.is_symlink():
+    """The EOS ids of generation_config.json (() where it sets none), or None without the file."""
+    if not file.exists() and not file.is_symlink():  # a dangling link is a broken file
         return None
     if not file.is_file():
         raise ModelLoadError(f"{file} is not a regular file; remove it or write the generation config there")
@@ -163,12 +147,10 @@ def generation_eos(file: Path, vocab_size: int) -> tuple[int, ...] | None:
     return _parse_eos(gen, vocab_size, GENERATION_CONFIG)
 
 
-# Passed as `default` by keys that have none.
 _REQUIRED: Any = object()
 
 
 def _value(cfg: dict[str, Any], key: str, default: Any, section: str = "") -> Any:
-    """cfg[key]; a key that is absent or null (HF writes null for "unset") takes `default`."""
     value = cfg.get(key)
     if value is not None:
         return value
@@ -183,7 +165,6 @@ def _invalid(key: str, value: Any, rule: str, file: str = "config.json") -> Mode
 
 def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, minimum: int = 1, section: str = "") -> int:
     value = _value(cfg, key, default, section)
-    # Not int(value): that would truncate 2.5, parse "64" and read true as 1.
     if not is_int(value) or not minimum <= value <= MAX_COUNT:
         raise _invalid(section + key, value, f"use an integer in [{minimum}, {MAX_COUNT}]")
     return value
@@ -200,20 +181,18 @@ def _positive_float(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, sec
 def _to_float(value: float) -> float:
     try:
         return float(value)
-    except OverflowError:  # an integer past float range, e.g. 400 digits
+    except OverflowError:
         return math.inf
 
 
 def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
     value = _value(cfg, key, default)
-    # Not bool(value): the string "false" is truthy.
     if not isinstance(value, bool):
         raise _invalid(key, value, "use a JSON boolean, true or false")
     return value
 
 
 def _head_dim(cfg: dict[str, Any], derived: int) -> int:
-    """head_dim, or hidden_size // num_attention_heads when unset (Qwen3 sets it apart from the two)."""
     head_dim = _int(cfg, "head_dim", default=derived)
     if head_dim % 2:
         raise _invalid("head_dim", head_dim, "use an even integer: rotary embedding rotates pairs of dimensions")

@@ -1,7 +1,5 @@
-"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3; subclasses set the differences.
-
-Every layer gets the forward context: its norms, MLP activation, RoPE and attention run on ``ctx.kernels`` and
-``ctx.attn_backend``, so one model class serves engines with different kernel choices.
+"""The decoder-only transformer shared by Llama, Qwen2 and Qwen3 (subclasses set the differences); every op runs on
+the forward context's ``ctx.kernels`` and ``ctx.attn_backend``.
 """
 
 from __future__ import annotations
@@ -86,14 +84,13 @@ class DecoderBody(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Returns logits of the last token of each request in the batch (float32)."""
+    """float32 logits of each request's last token."""
 
     qk_norm = False
 
     def __init__(self, cfg: ModelConfig, moe_backend: BaseMoeBackend | None = None) -> None:
         super().__init__()
         self.config = cfg
-        # Only models with sparse layers use it (see make_mlp); None there means the default backend.
         self.moe_backend = moe_backend
         self.model = DecoderBody(cfg, self.qk_norm, self.make_mlp)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
@@ -101,8 +98,7 @@ class DecoderForCausalLM(nn.Module):
         self.rotary: RotaryEmbedding | None = None
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
-        """The MLP of layer `layer_id`, called as mlp(hidden, ctx); MoE models override this to put sparse blocks
-        in some layers."""
+        """The MLP of layer `layer_id`, called as mlp(hidden, ctx); MoE models override it."""
         return MLP(cfg)
 
     def init_rotary(self, max_positions: int, device: torch.device) -> None:

@@ -29,7 +29,6 @@ class SparseMoeBlock(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
-        # The router runs on ctx.kernels; the experts on the model's MoE backend.
         return self.experts(hidden, self.gate(hidden, ctx))
 
 

@@ -1,5 +1,4 @@
-"""The checkpoint must be large enough for its config: checked by arithmetic before any layer is built, so a
-config.json with a million layers (or a vocabulary past memory) fails at once instead of stalling the build."""
+"""The checkpoint must be large enough for its config, checked by arithmetic before any layer is built."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ _MIN_BITS = 4
 
 
 def min_parameters(cfg: ModelConfig) -> int:
-    """A lower bound of the parameters a checkpoint of cfg holds: embeddings, head and projections (norms and biases
-    left out), computed without iterating over the layers."""
+    """A lower bound of the parameters of cfg, without iterating over the layers."""
     embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
     attention = cfg.hidden_size * cfg.head_dim * 2 * (cfg.num_qo_heads + cfg.num_kv_heads)
     dense = 3 * cfg.hidden_size * cfg.intermediate_size
@@ -28,7 +26,6 @@ def min_parameters(cfg: ModelConfig) -> int:
 
 
 def check_checkpoint_size(cfg: ModelConfig, model_path: str | Path) -> None:
-    """ModelLoadError when the weight files are too small for the parameters config.json describes."""
     root = Path(model_path)
     files, _ = checkpoint_files(root)
     size = sum((root / file).stat().st_size for file in files)

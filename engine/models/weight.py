@@ -1,9 +1,6 @@
-"""Stream weights from *.safetensors into a materialized model, merging q/k/v, gate/up and per-expert MoE weights.
-
-With a ``model.safetensors.index.json`` (HF's sharded checkpoints) exactly the files its ``weight_map`` names load,
-and each tensor must be in the file the index maps it to; without one every *.safetensors loads, and a tensor may be
-in only one of them. Every checkpoint tensor must be floating point and map to exactly one parameter (or shard of a
-merged one) with the same shape, and every parameter must be filled; otherwise ModelLoadError names the tensor.
+"""Stream weights from *.safetensors (those an index names, else all) into a materialized model, merging q/k/v,
+gate/up and per-expert MoE weights; a tensor that is not floating point, maps to no parameter or to one of another
+shape, or a parameter left unfilled, raises ModelLoadError naming it.
 """
 
 from __future__ import annotations
@@ -31,17 +28,14 @@ _MERGED = {
     "up_proj": ("gate_up_proj", "up"),
 }
 _MERGED_RE = re.compile(r"^(.*)\.(" + "|".join(_MERGED) + r")\.(weight|bias)$")
-# MoE experts stored apart (transformers' default save_pretrained, and older checkpoints) fill shards of
-# FusedMoE's 3-D weights; the fused form (`experts.gate_up_proj`, `experts.down_proj`) loads by name.
+# MoE experts stored apart fill shards of FusedMoE's 3-D weights; the fused form loads by name.
 _EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(" + "|".join(EXPERT_PROJECTIONS) + r")\.weight$")
 # Buffers some older checkpoints carry; they are recomputed, not loaded.
 _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
-# HF's index of a sharded checkpoint: {"weight_map": {tensor: file}}.
 INDEX = "model.safetensors.index.json"
 
 
 def _target(name: str) -> tuple[str, str | None]:
-    """HF tensor name → (our parameter name, shard or None)."""
     m = _EXPERT_RE.match(name)
     if m is not None:
         prefix, expert, proj = m.groups()
@@ -55,7 +49,6 @@ def _target(name: str) -> tuple[str, str | None]:
 
 
 def _shards(model: nn.Module, param_name: str) -> set[str | None]:
-    """What must be loaded to fill a parameter: the whole tensor (None), or each of its shards."""
     prefix, leaf = param_name.rsplit(".", 1)
     module = model.get_submodule(prefix)
     if isinstance(module, MergedLinear):
@@ -66,11 +59,9 @@ def _shards(model: nn.Module, param_name: str) -> set[str | None]:
 
 
 def checkpoint_files(model_path: str | Path) -> tuple[list[str], dict[str, str] | None]:
-    """The safetensors files to load, as names inside model_path, and the index's tensor → file map (None
-    without an index). With an index, only the files it names load (HF ignores a stray consolidated.safetensors).
-    Each is a regular file, checked by stat before anything opens it: a FIFO or a device would block the load."""
+    """The safetensors files to load and the index's tensor → file map (None without an index); each checked by
+    stat to be a regular file first (a FIFO would block the load)."""
     root = Path(model_path)
-    # A dangling link is a broken index, not an absent one.
     has_index = (root / INDEX).exists() or (root / INDEX).is_symlink()
     index = _read_index(root) if has_index else None
     if index is None:
@@ -88,7 +79,6 @@ def checkpoint_files(model_path: str | Path) -> tuple[list[str], dict[str, str] 
 
 
 def _check_regular(root: Path, file: str, why: str = "") -> None:
-    """root / file is a regular file, or a link to one (HF's cache links each file into its blobs)."""
     try:
         regular = stat.S_ISREG((root / file).stat().st_mode)
     except OSError:
@@ -98,7 +88,6 @@ def _check_regular(root: Path, file: str, why: str = "") -> None:
 
 
 def _inside(file: str) -> bool:
-    """A name the index may give: relative and without '..', so that it stays in the model directory."""
     path = PurePosixPath(file)
     return not path.is_absolute() and ".." not in path.parts
 
@@ -120,7 +109,6 @@ def _read_index(root: Path) -> dict[str, str]:
 
 
 def _check_names(file: str, names: list[str], index: dict[str, str] | None, seen: dict[str, str]) -> None:
-    """Every tensor lives in exactly one file: the one the index maps it to, when there is an index."""
     for name in names:
         if index is None and name in seen:
             raise ModelLoadError(f"tensor {name!r} is in both {seen[name]} and {file}; keep one copy")
@@ -137,19 +125,17 @@ def _check_names(file: str, names: list[str], index: dict[str, str] | None, seen
 
 def _read(f: Any, name: str, file: str) -> torch.Tensor:
     value = f.get_tensor(name)
-    # Casting an integer or bool tensor (a wrong file, or a quantized checkpoint) to the model dtype loads nonsense.
     if not value.dtype.is_floating_point:
         raise ModelLoadError(f"tensor {name!r} in {file} has dtype {value.dtype}; weights must be floating point")
     return value
 
 
 def load_weights(model: nn.Module, model_path: str | Path, tied_embeddings: bool) -> None:
-    """Fill every parameter from the checkpoint; a tensor-parallel layer takes its rank's slice (load_slice)."""
+    """Fill every parameter from the checkpoint; a tensor-parallel layer takes its rank's slice."""
     params = dict(model.named_parameters())
-    # param → the shards that still need a value; a whole tensor (shard None) fills every shard at once.
     pending = {pname: _shards(model, pname) for pname in params}
     files, index = checkpoint_files(model_path)
-    seen: dict[str, str] = {}  # tensor → the file it was found in
+    seen: dict[str, str] = {}
     for file in files:
         path = Path(model_path) / file
         try:
@@ -216,12 +202,11 @@ def _copy_tensor(
 
 
 def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
-    """Random weights for benchmarks: small normal values, norms at 1, so activations stay finite."""
+    """Random weights for benchmarks: small normal values, norms at 1."""
     with torch.no_grad():
         for i, (name, param) in enumerate(model.named_parameters()):
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
-                # Generated on the parameter's own device: an 8B model would take minutes through the CPU.
                 gen = torch.Generator(device=param.device).manual_seed(seed + i)
                 param.normal_(0.0, 0.02, generator=gen)

@@ -10,7 +10,6 @@ import torch
 class BaseMoeBackend(ABC):
     """Routes each token to its top-k experts and sums their SiLU-gated MLP outputs, weighted by the router."""
 
-    # Whether forward can be captured in a CUDA graph (no host sync, no data-dependent shapes).
     supports_cuda_graph: bool = False
 
     @abstractmethod
@@ -23,7 +22,5 @@ class BaseMoeBackend(ABC):
         top_k: int,
         renormalize: bool,
     ) -> torch.Tensor:
-        """hidden [T, H], router_logits [T, E], gate_up [E, 2I, H] (gate rows first), down [E, H, I] → [T, H].
-
-        renormalize: rescale each token's top-k router probabilities to sum to 1 (HF's norm_topk_prob).
-        """
+        """hidden [T, H], router_logits [T, E], gate_up [E, 2I, H] (gate rows first), down [E, H, I] → [T, H];
+        renormalize: HF's norm_topk_prob."""

@@ -13,11 +13,8 @@ EXPERT_PROJECTIONS = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_pro
 
 
 class FusedMoE(nn.Module):
-    """gate_up_proj [E, 2I, H] (gate rows, then up rows) and down_proj [E, H, I], as transformers 5 holds them.
-
-    Checkpoints that store each expert apart (``experts.<e>.gate_proj.weight`` ...) fill these shard by shard;
-    a shard is named ``"<e>.<proj>"``.
-    """
+    """gate_up_proj [E, 2I, H] (gate rows first) and down_proj [E, H, I], as transformers 5 holds them; per-expert
+    checkpoints fill them by shard ``"<e>.<proj>"``."""
 
     def __init__(
         self,
@@ -43,12 +40,10 @@ class FusedMoE(nn.Module):
         )
 
     def shard_names(self, param: str) -> list[str]:
-        """Every per-expert shard of `param` ("gate_up_proj" or "down_proj")."""
         projs = [p for p, (target, _) in EXPERT_PROJECTIONS.items() if target == param]
         return [f"{e}.{p}" for e in range(self.num_experts) for p in projs]
 
     def shard_view(self, param: str, shard: str) -> torch.Tensor:
-        """The slice of `param` that the per-expert checkpoint tensor named by `shard` fills."""
         expert_str, proj = shard.split(".")
         expert = int(expert_str)
         if expert >= self.num_experts:

@@ -1,8 +1,5 @@
-"""The MoE forward in plain torch, with HF's Qwen3MoeSparseMoeBlock numerics.
-
-Routing: softmax of the router logits in float32, top-k, optional renormalization, then the weights are cast
-back to the logits' dtype. Experts: tokens are grouped by expert (one sort), each expert runs once on its group,
-and the weighted outputs are accumulated expert by expert in ascending order, as HF does.
+"""The MoE forward in plain torch with HF's Qwen3MoeSparseMoeBlock numerics: float32 routing, then each expert once
+on its group of tokens, accumulated in ascending expert order as HF does.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ class TorchMoeBackend(BaseMoeBackend):
         weights, ids = select_experts(router_logits, top_k, renormalize)
         flat_ids = ids.flatten()
         flat_weights = weights.flatten()
-        # Each (token, slot) pair is flat index token * top_k + slot; a stable sort groups them by expert.
+        # A stable sort of the flat (token, slot) pairs groups them by expert.
         pairs_by_expert = flat_ids.argsort(stable=True)
         counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
         out = torch.zeros_like(hidden)

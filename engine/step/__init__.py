@@ -1,5 +1,4 @@
-"""The decode step's home: its packed inputs (inputs, layout), the slot rule (slots), its kernels (kernels, with the
-Triton ones in triton) and its outputs with their undo (record)."""
+"""The decode step: packed inputs (inputs, layout), the slot rule (slots), kernels (kernels, triton), undo (record)."""
 
 from .kernels import STEP_KERNELS, StepKernels
 from .record import ForwardOutput, StepRecord

@@ -1,11 +1,6 @@
-"""A batch's device inputs: the new tokens' ids, their positions and the KV slots they write, with the slot checks
-(StepKernels.slot_check; engine/step/slots.py states them) launched on the same tensors.
-
-Two halves: pack_inputs builds, on the host, one int64 tensor with everything the device needs (a fixed number of
-ops whatever the batch size), and unpack_inputs turns its device copy into the inputs, waiting for nothing: the slot
-verdict is read with the step's tokens (Engine.forward_batch). An eager pass runs both in prepare_batch; a
-captured decode step runs unpack_inputs inside the graph, so its layout is fixed per graph size (padding rows,
-every live row's place, max_seq_len long) and a replay only copies the packed tensor in.
+"""A batch's device inputs (ids, positions, written slots, with the slot checks launched on them): pack_inputs builds
+one int64 host tensor, unpack_inputs turns its device copy into the inputs without waiting. A captured step runs
+unpack_inputs inside the graph, so its layout is fixed per graph size.
 """
 
 from __future__ import annotations
@@ -28,12 +23,12 @@ _PLACEHOLDER = [0]
 
 @dataclass
 class BatchInputs:
-    ids: torch.Tensor  # int32 [tokens], device: the new tokens, request by request
-    positions: torch.Tensor  # int64 [tokens], device: their positions, which are also their page-table columns
-    out_loc: torch.Tensor  # int32 [tokens], device: the KV slots they write (the dummy page's if flags say so)
-    rows: torch.Tensor  # int64 [requests], device: each request's page-table row
-    table_rows: torch.Tensor  # int64 [requests], device: the rows to read (the dummy row's if flags say so)
-    flags: torch.Tensor  # bool [1], device: the slot verdict (True: refused), read with the step's tokens
+    ids: torch.Tensor  # int32 [tokens]
+    positions: torch.Tensor  # int64 [tokens]
+    out_loc: torch.Tensor  # int32 [tokens]
+    rows: torch.Tensor  # int64 [requests]
+    table_rows: torch.Tensor  # int64 [requests]: the dummy row when refused
+    flags: torch.Tensor  # bool [1]: the slot verdict
 
 
 def pack_inputs(
@@ -43,9 +38,7 @@ def pack_inputs(
     decode: bool,
     pad_to: int | None = None,
 ) -> tuple[torch.Tensor, InputLayout]:
-    """The host half: token ids range-checked, everything else laid out as InputLayout says. A pending token (its
-    request's only new one) gets its id on the device. pad_to: a graph's layout for pad_to requests, decode only
-    (the dummy row pads the batch and the live rows outside it, to max_rows)."""
+    """The host half, token ids range-checked; pad_to: a graph's layout for pad_to requests (decode only)."""
     parts = [r.new_token_ids() for r in reqs]
     flat = [t for p in parts for t in (p or _PLACEHOLDER)]
     if flat:
@@ -69,7 +62,7 @@ def pack_inputs(
         pending += [False] * pad
         n = pad_to
     extend = [d - c for c, d in zip(cached, device_lens)]
-    if all(e <= 1 for e in extend):  # one token per request (a padding row's too)
+    if all(e <= 1 for e in extend):
         token_req, positions = list(range(n)), cached
         starts = token_req
     else:
@@ -84,7 +77,7 @@ def pack_inputs(
         max_len, max_other_len = max(device_lens), max(other_lens, default=0)
     mask = [int(pending[i]) for i in token_req] if kind == "some" else []
     host = torch.tensor(rows + cached + device_lens + starts + others + other_lens + token_req + positions + flat
-                        + mask)  # only now: an id past int64 would fail here, after check_token_ids's message
+                        + mask)  # after check_token_ids: an id past int64 would fail here
     layout = InputLayout(n, len(token_req), len(others), max_len, max_other_len, kind, decode, pad_to is not None)
     return host, layout
 
@@ -97,14 +90,12 @@ def unpack_inputs(
     kernels: StepKernels,
     limits: Limits,
 ) -> BatchInputs:
-    """The device half, from the packed tensor on the device: pending ids read from last_tokens (the engine's
-    per-row last sampled token), the slot checks launched by kernels.slot_check and not waited for. If they fail,
-    every write goes to the dummy page and every read to the dummy row; padding rows write the dummy page too."""
+    """The device half: pending ids from last_tokens, the slot checks launched and not waited for."""
     rows, cached, device_lens, starts, others, other_lens, token_req, positions, ids, mask = (
         packed[layout.span(name)] for name, _ in BLOCKS
     )
     ids = ids.to(torch.int32)
-    if layout.pending == "all":  # a decode step of pending tokens only
+    if layout.pending == "all":
         ids = last_tokens.index_select(0, rows)
     elif layout.pending == "some":
         ids = torch.where(mask.bool(), last_tokens.index_select(0, rows.index_select(0, token_req)), ids)

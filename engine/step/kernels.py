@@ -1,8 +1,6 @@
-"""The decode step's own kernels behind one interface, StepKernels, picked by name like the layer kernels
-(EngineConfig.step_kernels): the slot check with its redirect, and a captured step's end (greedy tokens, kept as the
-rows' last tokens, and the payload the host copies back). TorchStepKernels ('torch') is the reference, stated in
-engine/step/slots.py and engine/sample.py's greedy_tokens; TritonStepKernels ('triton', CUDA) runs each in a few
-launches (engine/step/triton.py)."""
+"""The decode step's kernels behind StepKernels, picked by name (EngineConfig.step_kernels): the slot check with its
+redirect, and a captured step's end. 'torch' is the reference (engine/step/slots.py, sample.greedy_tokens); 'triton'
+(CUDA) runs each in a few launches (engine/step/triton.py)."""
 
 from __future__ import annotations
 
@@ -20,36 +18,32 @@ from .slots import SlotQuery, redirected_slots
 def keep_tokens(
     tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
 ) -> torch.Tensor:
-    """Store a step's tokens as its rows' last tokens; returns the payload for the host: the tokens, the slot verdict
-    and the rows' last tokens before (ForwardOutput.host). A -1 (nothing to sample) is kept as 0, so it never
-    becomes an input id; that step fails anyway."""
+    """Keep the tokens as the rows' last tokens (-1 as 0, never an input id); returns ForwardOutput.host's payload."""
     before = last_tokens.index_select(0, rows)
     last_tokens.index_copy_(0, rows, tokens.clamp(min=0))
     return torch.cat([tokens, flags.to(torch.int32), before])
 
 
 class StepKernels(ABC):
-    """The interface; the torch reference is its default."""
+    """The torch reference is the default of each method."""
 
     name: str
 
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A batch's write slots and read rows after its slot verdict, and the verdict, not waited for
-        (engine/step/slots.py's redirected_slots)."""
+        """(out_loc, table_rows, refused) after the slot verdict, not waited for (slots.redirected_slots)."""
         return redirected_slots(page_table, query, limits, padded)
 
     def greedy_step(
         self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A captured step's end: the greedy tokens, kept as the rows' last tokens, and the payload for the host
-        (keep_tokens)."""
+        """A captured step's end: (greedy tokens, keep_tokens' payload)."""
         tokens = greedy_tokens(logits)
         return tokens, keep_tokens(tokens, last_tokens, rows, flags)
 
     def declines(self, op: str, *args: object) -> str | None:
-        """Why these kernels hand op(*args) to the torch reference, or None where they run it themselves."""
+        """Why op(*args) goes to the torch reference, or None."""
         return None
 
 
@@ -57,14 +51,14 @@ class TorchStepKernels(StepKernels):
     name = "torch"
 
 
-TORCH_STEP_KERNELS = TorchStepKernels()  # stateless, shared
+TORCH_STEP_KERNELS = TorchStepKernels()
 
 
 class TritonStepKernels(StepKernels):
     name = "triton"
 
     def __init__(self) -> None:
-        from .triton import greedy_step, slot_check  # CUDA only, where Triton ships with torch
+        from .triton import greedy_step, slot_check
 
         self._slot_check, self._greedy_step = slot_check, greedy_step
 

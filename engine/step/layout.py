@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-# The packed tensor's blocks in order, each with the count it has one entry per (pack_inputs writes them so).
+# The packed tensor's blocks in order, each with what it has one entry per.
 BLOCKS = (
     ("rows", "requests"), ("cached", "requests"), ("device_len", "requests"), ("starts", "requests"),
     ("others", "others"), ("other_lens", "others"),
@@ -16,15 +16,14 @@ BLOCKS = (
 
 @dataclass(frozen=True)
 class InputLayout:
-    """The shape of a packed input tensor: [rows, cached, device_len, starts] per request, [rows, lengths] per live
-    row outside the batch, [request, position, id(, pending)] per token (BLOCKS; span() finds each)."""
+    """The shape of a packed input tensor (BLOCKS; span() finds each)."""
 
     requests: int
     tokens: int
     others: int
-    max_len: int  # the longest device_len (a graph's: max_seq_len)
-    max_other_len: int  # the longest live length outside the batch (0 without one; a graph's: max_seq_len)
-    pending: Literal["none", "all", "some"]  # which ids the device supplies, from the rows' last sampled tokens
+    max_len: int  # a graph's: max_seq_len
+    max_other_len: int  # a graph's: max_seq_len
+    pending: Literal["none", "all", "some"]  # which ids come from the rows' last sampled tokens
     decode: bool
     padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page
 
@@ -37,7 +36,6 @@ class InputLayout:
         return spans
 
     def span(self, name: str) -> slice:
-        """Where block `name` (one of BLOCKS) lies in the packed tensor."""
         return self._spans[name]
 
     @property

@@ -1,6 +1,5 @@
-"""A step's outputs and its undo. ForwardOutput hands the tokens out (on the device at once, on the host behind an
-event); StepRecord holds what undoing the step needs, handed the parts of the engine it touches (the live rows, the
-rows' last tokens, the device) rather than the engine, and words the step's error after the undo."""
+"""A step's outputs (ForwardOutput) and its undo (StepRecord, handed the parts of the engine it touches rather than the
+engine), which puts the step back before its error is raised."""
 
 from __future__ import annotations
 
@@ -15,22 +14,18 @@ from ..sample import BatchSamplingArgs
 from ..validate import Limits
 from .slots import slot_error
 
-# The sampler's raise_for_rows: NonFiniteLogitsError for these batch rows.
 RaiseForRows = Callable[[list[int], BatchSamplingArgs, torch.Tensor], None]
 
 
 @dataclass
 class ForwardOutput:
-    """One step's tokens: on the device at once (the caller's current stream is ordered after the step, so its reads
-    of the device tensors see them written), on the host behind copy_done_event. The step's errors (a row with
-    nothing to sample, a page table that failed the slot checks) travel with the host tokens and are raised by
-    result(), after the step is undone."""
+    """One step's tokens: on the device at once (the caller's stream is ordered after the step), on the host behind
+    copy_done_event; result() raises the step's errors after undoing it."""
 
-    next_tokens_gpu: torch.Tensor  # int32 [bs], on the engine's device; -1 on a row with nothing to sample
+    next_tokens_gpu: torch.Tensor  # int32 [bs]; -1 on a row with nothing to sample
     copy_done_event: Event
-    logits: torch.Tensor  # float32 [bs, vocab], the logits each token was sampled from
-    # int32 [2 n + 1], pinned on CUDA (n: the batch's size, or its padded size when a captured step wrote it): the
-    # tokens, the slot verdict, and the rows' last tokens before the step (what undo puts back)
+    logits: torch.Tensor  # float32 [bs, vocab]
+    # int32 [2 n + 1] (n: batch or padded size): tokens, slot verdict, the rows' last tokens before the step
     host: torch.Tensor
     step: StepRecord
 
@@ -39,20 +34,18 @@ class ForwardOutput:
 
     @property
     def failed(self) -> bool:
-        """Whether result() will raise (waits for the host tokens)."""
         self.wait()
         return self.step.failed(self.host)
 
     def undo(self) -> None:
-        """Put every request of the step (cached_len and device_len as before prepare_batch), the live rows, the
-        random streams and the rows' device tokens back (once). A driver running a later step undoes that one
+        """Put the requests' lengths, live rows, random streams and rows' last tokens back (once); undo a later step
         first."""
         self.wait()
         self.step.undo(self.host)
 
     def result(self) -> torch.Tensor:
-        """Wait for the host tokens and return them (int32 [bs]); if the step failed, undo it and raise
-        (InvalidRequestError for the slots, NonFiniteLogitsError for a row with nothing to sample)."""
+        """The host tokens, int32 [bs]; a failed step is undone, then raises InvalidRequestError (slots) or
+        NonFiniteLogitsError."""
         if self.failed:
             self.undo()
             self.step.raise_error(self.host)
@@ -60,21 +53,18 @@ class ForwardOutput:
 
     @property
     def next_tokens_cpu(self) -> torch.Tensor:
-        """int32 [bs]: result()."""
         return self.result()
 
 
 @dataclass
 class StepRecord:
-    """What undoing one step needs, and its error."""
-
     batch: Batch
     args: BatchSamplingArgs
     logits: torch.Tensor
     undo_draws: Callable[[], None]
-    live_before: list[tuple[int, tuple[int, int] | None]]  # (row, its live entry before the step)
+    live_before: list[tuple[int, tuple[int, int] | None]]
     live_rows: dict[int, tuple[int, int]]  # the engine's, changed in place
-    last_tokens: torch.Tensor  # the engine's rows' last tokens, on its device
+    last_tokens: torch.Tensor
     device: Device
     raise_for_rows: RaiseForRows
     page_table: torch.Tensor
@@ -100,7 +90,7 @@ class StepRecord:
             req.cached_len, req.device_len = cached_len, device_len
         for (row, live), req, end in zip(self.live_before, batch.reqs, batch.ends):
             if live_rows.get(row) != (end, req.uid):
-                continue  # released (or taken over) since: the row is no longer this step's to put back
+                continue  # released or taken over since
             if live is None:
                 live_rows.pop(row, None)
             else:

@@ -1,8 +1,6 @@
-"""The slot rule, stated once in torch: every slot a request reads lies in the KV pool (page-structured when
-page_size > 1), and no new token lands on another new token or on cached KV of the batch or of a live row outside it
-(Engine.live_rows: a row's live KV is overwritten only by its own request until the row is released). The step
-kernels launch it on the device without waiting (engine/step/triton.py restates it in a few launches); a refused
-step reads and writes only the dummy page, and slot_error words the message from the same rule's per-slot faults.
+"""The slot rule, stated once: every slot a request reads lies in the KV pool (page-structured when page_size > 1),
+and no new token lands on another new token or on cached KV of the batch or of a live row (Engine.live_rows). The
+step kernels run it on the device; a refused step touches only the dummy page; slot_error words the message.
 """
 
 from __future__ import annotations
@@ -19,39 +17,35 @@ from ..validate import Limits
 
 @dataclass
 class SlotQuery:
-    """A batch's page-table rows and lengths on the device, what the slot checks read."""
-
-    rows: torch.Tensor  # int64 [n]: each request's page-table row
-    cached: torch.Tensor  # int64 [n]: cached_len
-    device_len: torch.Tensor  # int64 [n]
-    starts: torch.Tensor  # int64 [n]: index of each request's first new token in the batch
-    token_req: torch.Tensor  # int64 [tokens]: the request of each new token
-    positions: torch.Tensor  # int64 [tokens]: its position, also its page-table column
-    others: torch.Tensor  # int64 [m]: live rows outside the batch
-    other_lens: torch.Tensor  # int64 [m]: their cached lengths
-    max_len: int  # the longest device_len
-    max_other_len: int  # the longest of other_lens (0 without live rows outside)
+    # int64 [n] per request, [tokens] per new token, [m] per live row outside the batch
+    rows: torch.Tensor
+    cached: torch.Tensor
+    device_len: torch.Tensor
+    starts: torch.Tensor  # each request's first new token in the batch
+    token_req: torch.Tensor
+    positions: torch.Tensor
+    others: torch.Tensor
+    other_lens: torch.Tensor
+    max_len: int
+    max_other_len: int
 
 
 @dataclass
 class SlotFaults:
-    """Where a batch breaks the rule, per slot: bool masks over its rows' columns and over its new tokens."""
+    """Per-slot bool masks of where a batch breaks the rule."""
 
-    out_of_pool: torch.Tensor  # [n, max_len]: a read slot outside [0, num_slots)
-    off_page: torch.Tensor | None  # [n, max_len]: a read slot off its page's structure (page_size > 1 only)
-    overwrite: torch.Tensor | None  # [tokens]: a written slot written twice or holding cached KV
+    out_of_pool: torch.Tensor  # [n, max_len]
+    off_page: torch.Tensor | None  # [n, max_len], page_size > 1 only
+    overwrite: torch.Tensor | None  # [tokens]
 
     def verdict(self) -> torch.Tensor:
-        """bool [2 or 3]: whether each check found a fault."""
         return torch.stack([m.any() for m in (self.out_of_pool, self.off_page, self.overwrite) if m is not None])
 
 
 def redirected_slots(
     page_table: torch.Tensor, q: SlotQuery, limits: Limits, padded: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """slot_check, then where its verdict sends the step: (out_loc, table_rows, refused). A refused step writes only
-    the dummy page (slot num_slots, its first) and reads only the dummy row (max_rows); padded: padding requests
-    (device_len 0, one token each) write the dummy page too."""
+    """slot_check, then (out_loc, table_rows, refused): a refused step (and padding) uses the dummy page."""
     out_loc, refused = slot_check(page_table, q, limits)
     to_dummy = refused | (q.device_len == 0) if padded else refused
     out_loc = torch.where(to_dummy, limits.num_slots, out_loc)
@@ -59,8 +53,7 @@ def redirected_slots(
 
 
 def slot_check(page_table: torch.Tensor, q: SlotQuery, limits: Limits) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slots the new tokens write (int32 [tokens], read from the page table) and the verdict (bool []: True
-    when the batch must be refused), launched on the device and not waited for."""
+    """(int32 [tokens] written slots, bool [] refuse), launched and not waited for."""
     table, out_loc, live = _gather(page_table, q)
     flags = slot_verdict(table, q.cached, q.device_len, out_loc, live, q.other_lens if live is not None else None,
                          limits, _written_or_cached(q, out_loc))
@@ -77,7 +70,6 @@ def slot_verdict(
     limits: Limits,
     written_or_cached: bool,
 ) -> torch.Tensor:
-    """slot_faults' verdict: bool [2 or 3], launched and not waited for."""
     return slot_faults(table, cached, device_len, out_loc, live, live_lens, limits, written_or_cached).verdict()
 
 
@@ -91,22 +83,19 @@ def slot_faults(
     limits: Limits,
     written_or_cached: bool,
 ) -> SlotFaults:
-    """The rule itself. table: the batch's page-table rows; `live`, `live_lens`: the live rows outside the batch
-    and their cached lengths."""
+    """The rule itself; `live`, `live_lens`: the live rows outside the batch and their cached lengths."""
     num_slots, ps = limits.num_slots, limits.page_size
     cols = torch.arange(table.shape[1], device=table.device)
     used = cols < device_len.unsqueeze(1)
     out_of_pool = ((table < 0) | (table >= num_slots)) & used
     off_page = None
     if ps > 1:
-        # Paged kernels (FlashInfer) read whole pages: position j must sit at offset j % ps of the page that
-        # holds the first position of its block.
+        # Paged kernels read whole pages: position j sits at offset j % ps of its block's page.
         first = table[:, (cols // ps) * ps]
         off_page = ((table % ps != cols % ps) | (table // ps != first // ps)) & used
     overwrite = None
     if written_or_cached:
-        # One count per slot: cached slots count 2, each new token adds 1, so a written slot that is cached or
-        # written twice counts more than 1 (isin and sort would cost a host sync).
+        # Cached slots count 2, each new token adds 1: over 1 is a clash (isin and sort would sync).
         hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=table.device)
         cached_slots = torch.where((cols < cached.unsqueeze(1)) & ~out_of_pool, table, num_slots)
         hits.index_fill_(0, cached_slots.flatten().long(), 2)
@@ -116,13 +105,12 @@ def slot_faults(
             hits.index_fill_(0, torch.where(held, live, num_slots).flatten().long(), 2)
         written = torch.where((out_loc >= 0) & (out_loc < num_slots), out_loc, num_slots).long()
         hits.index_add_(0, written, torch.ones_like(written, dtype=torch.int32))
-        hits[num_slots:].zero_()  # the spare entry that out-of-range and unread positions point at (no sync)
+        hits[num_slots:].zero_()
         overwrite = hits[written] > 1
     return SlotFaults(out_of_pool, off_page, overwrite)
 
 
 def _gather(page_table: torch.Tensor, q: SlotQuery) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The batch's rows (every slot it reads or writes is in there), its written slots, and the live rows."""
     table = page_table.index_select(0, q.rows)[:, : q.max_len]
     live = page_table.index_select(0, q.others)[:, : q.max_other_len] if q.max_other_len else None
     return table, table[q.token_req, q.positions], live
@@ -135,8 +123,7 @@ def _written_or_cached(q: SlotQuery, out_loc: torch.Tensor) -> bool:
 def slot_error(
     batch: Batch, page_table: torch.Tensor, limits: Limits, live_rows: Mapping[int, tuple[int, int]]
 ) -> InvalidRequestError:
-    """The error of a step whose slot verdict failed (and was undone): slot_faults run again on the batch as it ran,
-    the culprit (request, position, slot) and the failed check named."""
+    """The error of an undone step whose slot verdict failed, naming the culprit slot and check."""
     reqs = batch.reqs
     cached = [c for c, _ in batch.spans]
     q = _host_query(reqs, cached, batch.ends, live_rows, page_table.device)
@@ -167,7 +154,7 @@ def slot_error(
         flagged = faults.overwrite.nonzero().flatten().tolist()
         token_req, positions, slots = q.token_req.tolist(), q.positions.tolist(), out_loc.tolist()
         seen: set[int] = set()
-        for k in flagged:  # the first written slot that is cached, or was written by an earlier new token
+        for k in flagged:
             req, pos, slot = reqs[token_req[k]], positions[k], slots[k]
             whose = _owner(slot, reqs, cached, page_table, live_rows)
             whose = whose or ("another new token" if slot in seen else None)
@@ -187,7 +174,6 @@ def _host_query(
     reqs: Sequence[Req], cached: list[int], ends: list[int], live_rows: Mapping[int, tuple[int, int]],
     device: torch.device,
 ) -> SlotQuery:
-    """A batch's SlotQuery, as its packed inputs hold it (unpadded)."""
     in_batch = {r.table_idx for r in reqs}
     others = [row for row in live_rows if row not in in_batch]
     other_lens = [live_rows[row][0] for row in others]
@@ -207,7 +193,6 @@ def _owner(
     slot: int, reqs: Sequence[Req], cached: list[int], page_table: torch.Tensor,
     live_rows: Mapping[int, tuple[int, int]],
 ) -> str | None:
-    """Whose cached KV a slot holds: a request of the batch first, then a live row outside it."""
     for req, length in zip(reqs, cached):
         if slot in page_table[req.table_idx, :length].tolist():
             return f"cached KV of request {req.uid}"

@@ -1,6 +1,5 @@
-"""Triton kernels of the decode step on CUDA: the slot checks with their redirect (engine/step/slots.py states
-them) in a few launches instead of ~30 torch ops, and a captured step's greedy tokens (engine/sample.py's rule)
-with what the engine keeps of them. Imported only on CUDA machines that have Triton."""
+"""Triton kernels of the decode step on CUDA: the slot checks and their redirect (engine/step/slots.py states the rule)
+and a captured step's greedy tokens (engine/sample.py's rule) with what the engine keeps of them."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import triton.language as tl
 
 from .slots import SlotQuery
 
-# ---- the slot checks ------------------------------------------------------------------------------------------
 SLOT_BLOCK = 256
 
 
@@ -19,8 +17,7 @@ def _slot_mark_kernel(
     table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, starts_ptr, others_ptr, other_lens_ptr, n_batch, hits_ptr,
     flag_ptr, out_ptr, num_slots, PS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Row i (the batch's first, then the live rows outside it), columns of block b: flag a read slot outside the
-    pool or off the page structure; mark cached slots 2 and add 1 per written one; write out_loc."""
+    """Row i (batch rows, then live rows), a block of columns: flag bad read slots, mark cached 2, written +1."""
     i = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     batch = i < n_batch
@@ -51,8 +48,7 @@ def _slot_mark_kernel(
 def _slot_count_kernel(
     table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, hits_ptr, flag_ptr, num_slots, BLOCK: tl.constexpr
 ):
-    """Flag a written slot counted more than once: cached (2) or written twice (1 + 1), in whatever order the
-    marks landed."""
+    """Flag a written slot counted more than once."""
     i = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(rows_ptr + i)
@@ -68,8 +64,7 @@ def _slot_redirect_kernel(
     out_ptr, table_rows_ptr, rows_ptr, len_ptr, flag_ptr, n_tokens, n_batch, dummy_slot, dummy_row,
     PADDED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """After the verdict: a refused batch writes only the dummy page and reads only the dummy row; padding rows
-    (device_len 0, one token each) write the dummy page."""
+    """After the verdict: a refused batch (and padding) goes to the dummy page and row."""
     k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     refused = tl.load(flag_ptr) > 0
     tok = k < n_tokens
@@ -86,8 +81,7 @@ def _slot_redirect_kernel(
 def slot_check(
     page_table: torch.Tensor, q: SlotQuery, num_slots: int, page_size: int, dummy_row: int, padded: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """slots.redirected_slots's results (out_loc int32 [tokens], table_rows int64 [requests], refused bool [])
-    in three launches after two fills."""
+    """slots.redirected_slots in three launches."""
     device = page_table.device
     n, m, t = len(q.rows), len(q.others), len(q.positions)
     hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
@@ -109,14 +103,13 @@ def slot_check(
     return out_loc, table_rows, flag[0] > 0
 
 
-# ---- a captured decode step's greedy tokens (engine/sample.py's rule) and what the engine keeps of them ----------
 ARGMAX_BLOCK = 2048
 ARGMAX_SPLITS = 16
 
 
 @triton.jit
 def _argmax_part_kernel(logits_ptr, stride_row, vocab, chunk, max_ptr, idx_ptr, nan_ptr, BLOCK: tl.constexpr):
-    """Row r, split s: the largest non-NaN logit of the split's chunk, its first index, and whether a NaN is in it."""
+    """Row r, split s: the largest non-NaN logit, its first index, and whether a NaN is in the chunk."""
     r = tl.program_id(0)
     s = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -137,7 +130,6 @@ def _argmax_part_kernel(logits_ptr, stride_row, vocab, chunk, max_ptr, idx_ptr, 
         best = tl.where(take, x, best)
         start += BLOCK
     m = tl.max(best, axis=0)
-    # A row (or split) of -inf only: its first index, as torch's argmax gives.
     first = tl.min(tl.where((best == m) & (best_idx < hi), best_idx, 2**31 - 1), axis=0)
     first = tl.where(first == 2**31 - 1, lo, first)
     tl.store(max_ptr + r * splits + s, m)
@@ -150,8 +142,7 @@ def _greedy_keep_kernel(
     max_ptr, idx_ptr, nan_ptr, last_ptr, rows_ptr, flag_ptr, tokens_ptr, payload_ptr, bs, splits,
     S_PAD: tl.constexpr,
 ):
-    """Row r: merge the splits into its token (-1 when nothing to sample), keep it as its row's last token (0 for
-    -1) and write the payload: tokens, slot verdict, the rows' last tokens before."""
+    """Row r: merge the splits into its token, keep it as the row's last token and write the payload."""
     r = tl.program_id(0)
     s = tl.arange(0, S_PAD)
     ok = s < splits
@@ -175,7 +166,6 @@ def _greedy_keep_kernel(
 def greedy_step(
     logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """StepKernels.greedy_step in two launches."""
     bs, vocab = logits.shape
     splits = min(ARGMAX_SPLITS, triton.cdiv(vocab, ARGMAX_BLOCK))
     chunk = triton.cdiv(vocab, splits)
