@@ -22,7 +22,7 @@ from .device import CPU_THREADS, cpu_threads_for, make_device, resolve_device, u
 from .distributed import Comm, NullComm, TorchDistComm
 from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
-from .graph import GraphRunner, StepOutputs, default_graph_bs
+from .graph import GraphRunner, Mode, StepOutputs, default_graph_bs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
 from .layers.kernels import LAYER_KERNELS, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
@@ -181,9 +181,10 @@ class Engine:
             and (self.model_config.num_experts == 0 or choices.moe.supports_cuda_graph),
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
+            modes: tuple[Mode, ...] = ("greedy", "logits", *(("draw",) if self.sampler.draws_in_graph else ()))
             self.graph_runner.capture(
                 self._graph_step, lambda bs: pack_inputs([], self.limits, {}, True, pad_to=bs), self.attn_backend,
-                self.device.stream, self.max_seq_len, self.device.torch_device,
+                self.device.stream, self.max_seq_len, self.device.torch_device, modes,
             )
 
     def _init_cpu_threads(self) -> None:
@@ -279,19 +280,31 @@ class Engine:
         if isinstance(self.device.stream, torch.cuda.Stream):
             torch.cuda.current_stream(self.device.torch_device).wait_stream(self.device.stream)
 
-    def _graph_step(
-        self, packed: torch.Tensor, layout: InputLayout, batch: Batch, greedy: bool
-    ) -> StepOutputs:
-        """A whole decode step as captured: inputs, metadata, model and, when greedy, the tokens and host payload."""
+    def _graph_step(self, packed: torch.Tensor, layout: InputLayout, batch: Batch, mode: Mode) -> StepOutputs:
+        """A whole decode step as captured: inputs, metadata, model, and (but in logits mode) the tokens, greedy or
+        drawn by the sampler, and the host payload."""
         inputs = self._unpack(packed, layout)
         self._set_inputs(batch, inputs)
         self.attn_backend.graph_metadata(batch)
         with self.ctx.forward_batch(batch):
             logits = self.model(batch.input_ids, batch.positions, self.ctx)
-        if not greedy:
+        if mode == "logits":
             return StepOutputs(logits, inputs)
-        tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
+        if mode == "greedy":
+            tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
+        else:
+            tokens = self.sampler.graph_draw(logits)
+            payload = keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
+
+    def _graph_mode(self, batch: Batch, args: BatchSamplingArgs) -> Mode | None:
+        """The captured step this batch replays, or None: it runs eagerly."""
+        if batch.packed_inputs is None or not self.graph_runner.has_graph(batch.padded_size):
+            return None
+        if args.all_greedy:
+            return "greedy"
+        return "draw" if args.graph_params is not None and self.graph_runner.has_graph(batch.padded_size, "draw") \
+            else "logits"
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
@@ -312,12 +325,17 @@ class Engine:
         self._wait_for_caller()
         n = batch.size
         with self.device.stream_context():
-            if batch.packed_inputs is not None and self.graph_runner.has_graph(batch.padded_size):
-                step = self.graph_runner.replay(batch, greedy=args.all_greedy)
+            mode = self._graph_mode(batch, args)
+            if mode is not None:
+                undo_draws = no_draws
+                if mode == "draw":
+                    undo_draws = self.sampler.saved_streams()
+                    self.sampler.load_graph_params(args)
+                step = self.graph_runner.replay(batch, mode)
                 self._set_inputs(batch, step.inputs)
                 logits = step.logits[:n]
                 if step.tokens is not None and step.payload is not None:
-                    next_tokens, undo_draws, payload = step.tokens[:n], no_draws, step.payload
+                    next_tokens, payload = step.tokens[:n], step.payload
                 else:
                     next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
                     payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)

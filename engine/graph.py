@@ -1,6 +1,7 @@
-"""The graph runner: captures whole decode steps (packed inputs in, logits out; a greedy variant also takes the
-tokens, a sampled one stops at the logits) as CUDA graphs, largest size first so all share one memory pool, and pads
-a batch with dummy requests to a captured size. A replay is one upload and one launch; disabled on CPU.
+"""The graph runner: captures whole decode steps as CUDA graphs in up to three modes per size (greedy: the tokens
+too; draw: a sampled batch's tokens drawn inside; logits: the logits alone, for a sampler that cannot draw there),
+largest size first so all share one memory pool, and pads a batch with dummy requests to a captured size. A replay
+is one upload and one launch; disabled on CPU.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -17,17 +18,19 @@ from .core import Batch, Req
 from .step.inputs import BatchInputs
 from .step.layout import InputLayout
 
+Mode = Literal["greedy", "draw", "logits"]
+
 
 @dataclass
 class StepOutputs:
     logits: torch.Tensor  # float32 [bs, vocab]
     inputs: BatchInputs
-    tokens: torch.Tensor | None = None  # int32 [bs], -1: nothing to sample; greedy variant only
-    # int32 [2 bs + 1]: tokens, slot verdict, the rows' last tokens before the step; greedy variant only
+    tokens: torch.Tensor | None = None  # int32 [bs], -1: nothing to sample; not in logits mode
+    # int32 [2 bs + 1]: tokens, slot verdict, the rows' last tokens before the step; not in logits mode
     payload: torch.Tensor | None = None
 
 
-StepFn = Callable[[torch.Tensor, InputLayout, Batch, bool], StepOutputs]
+StepFn = Callable[[torch.Tensor, InputLayout, Batch, Mode], StepOutputs]
 Pool = Any  # torch.cuda._POOL_HANDLE
 PackFn = Callable[[int], tuple[torch.Tensor, InputLayout]]
 
@@ -45,10 +48,8 @@ class GraphRunner:
         self.dummy_req = dummy_req
         self.enabled = enabled and bool(bs_list)
         self.bs_list = sorted(set(bs_list)) if self.enabled else []
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy variants
-        self.outputs: dict[int, StepOutputs] = {}
-        self.sampled_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.sampled_outputs: dict[int, StepOutputs] = {}
+        self.graphs: dict[Mode, dict[int, torch.cuda.CUDAGraph]] = {}
+        self.outputs: dict[Mode, dict[int, StepOutputs]] = {}
         self.layouts: dict[int, InputLayout] = {}
         self.inputs: torch.Tensor | None = None
         self._backend: BaseAttnBackend | None = None
@@ -57,8 +58,8 @@ class GraphRunner:
     def max_bs(self) -> int:
         return self.bs_list[-1] if self.bs_list else 0
 
-    def has_graph(self, bs: int) -> bool:
-        return bs in self.graphs
+    def has_graph(self, bs: int, mode: Mode = "greedy") -> bool:
+        return bs in self.graphs.get(mode, {})
 
     def can_use_graph(self, batch: Batch) -> bool:
         return self.enabled and batch.is_decode and batch.size <= self.max_bs
@@ -76,10 +77,13 @@ class GraphRunner:
     @torch.inference_mode()
     def capture(
         self, step: StepFn, pack: PackFn, backend: BaseAttnBackend, stream: torch.cuda.Stream, max_seq_len: int,
-        device: torch.device,
+        device: torch.device, modes: tuple[Mode, ...] = ("greedy", "logits"),
     ) -> None:
+        """Capture each size in each mode; the first mode's logits buffer is every mode's."""
         if not self.enabled:
             return
+        for mode in modes:
+            self.graphs[mode], self.outputs[mode] = {}, {}
         padding = {bs: pack(bs) for bs in self.bs_list}
         self.inputs = torch.zeros(max(layout.size for _, layout in padding.values()), dtype=torch.int64,
                                   device=device)
@@ -94,22 +98,20 @@ class GraphRunner:
                 packed.copy_(host)
                 batch = Batch([self.dummy_req] * bs, "decode")
                 backend.prepare_for_capture(batch)
-                pool = self._capture_size(bs, functools.partial(step, packed, layout, batch), stream, pool)
+                pool = self._capture_size(bs, functools.partial(step, packed, layout, batch), modes, stream, pool)
                 self.layouts[bs] = layout
         stream.synchronize()
 
     def _capture_size(
-        self, bs: int, step: Callable[[bool], StepOutputs], stream: torch.cuda.Stream, pool: Pool | None
+        self, bs: int, step: Callable[[Mode], StepOutputs], modes: tuple[Mode, ...], stream: torch.cuda.Stream,
+        pool: Pool | None,
     ) -> Pool:
-        self.graphs[bs], self.outputs[bs], pool = _capture(functools.partial(step, True), stream, pool)
-        logits = self.outputs[bs].logits
-
-        def sampled() -> StepOutputs:
-            out = step(False)
-            logits.copy_(out.logits)
-            return StepOutputs(logits, out.inputs)
-
-        self.sampled_graphs[bs], self.sampled_outputs[bs], pool = _capture(sampled, stream, pool)
+        first, *rest = modes
+        self.graphs[first][bs], self.outputs[first][bs], pool = _capture(functools.partial(step, first), stream, pool)
+        logits = self.outputs[first][bs].logits
+        for mode in rest:  # one logits buffer per size, whatever the mode
+            run = functools.partial(_into, logits, functools.partial(step, mode))
+            self.graphs[mode][bs], self.outputs[mode][bs], pool = _capture(run, stream, pool)
         return pool
 
     def load_inputs(self, batch: Batch) -> None:
@@ -119,27 +121,31 @@ class GraphRunner:
         host = batch.packed_inputs[0]
         self.inputs[: host.numel()].copy_(host, non_blocking=True)
 
-    def replay(self, batch: Batch, greedy: bool) -> StepOutputs:
+    def replay(self, batch: Batch, mode: Mode) -> StepOutputs:
         """Logits and tokens come back as copies; payload and inputs are valid until the next replay of this size."""
         bs = batch.padded_size
-        graph = (self.graphs if greedy else self.sampled_graphs).get(bs)
+        graph = self.graphs.get(mode, {}).get(bs)
         if graph is None or self._backend is None:
-            raise RuntimeError(f"no CUDA graph was captured for batch size {bs}")
+            raise RuntimeError(f"no CUDA graph was captured for batch size {bs} in mode {mode!r}")
         self.load_inputs(batch)
         self._backend.prepare_for_replay(batch)
         graph.replay()
-        out = (self.outputs if greedy else self.sampled_outputs)[bs]
+        out = self.outputs[mode][bs]
         tokens = out.tokens.clone() if out.tokens is not None else None
         return StepOutputs(out.logits.clone(), out.inputs, tokens, out.payload)
 
     def destroy(self) -> None:
         self.graphs.clear()
         self.outputs.clear()
-        self.sampled_graphs.clear()
-        self.sampled_outputs.clear()
         self.layouts.clear()
         self.inputs = None
         self._backend = None
+
+
+def _into(logits: torch.Tensor, step: Callable[[], StepOutputs]) -> StepOutputs:
+    out = step()
+    logits.copy_(out.logits)
+    return StepOutputs(logits, out.inputs, out.tokens, out.payload)
 
 
 def _capture(

@@ -33,6 +33,8 @@ class BatchSamplingArgs:
     min_p: torch.Tensor | None
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
     uids: list[int] = field(default_factory=list)
+    # float64 [5, padded bs] (greedy, temperature, top_k, top_p, min_p) for a draw inside a captured step
+    graph_params: torch.Tensor | None = None
 
 
 def step_seed(seed: int, position: int) -> int:
@@ -123,12 +125,29 @@ class BaseSampler(ABC):
             )
         if args.all_greedy:
             return greedy_tokens(logits), no_draws
+        undo = self.saved_streams()
+        return self._tokens(logits, args), undo
+
+    def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
         bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
         argmax = logits.argmax(dim=-1)
-        undo = self.saved_streams()
         sampled = self.draw(_stand_in(logits, bad), args)
         tokens = torch.where(args.greedy, argmax, sampled)
-        return torch.where(bad, -1, tokens).to(torch.int32), undo
+        return torch.where(bad, -1, tokens).to(torch.int32)
+
+    @property
+    def draws_in_graph(self) -> bool:
+        """Whether graph_draw can run inside a captured decode step (device-side parameters, no host sync)."""
+        return False
+
+    def graph_draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """A sampled batch's tokens inside a captured step, from the parameters load_graph_params last loaded."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw inside captured steps")
+
+    def load_graph_params(self, args: BatchSamplingArgs) -> None:
+        """Copy a batch's graph_params into the static buffer its captured step reads."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw inside captured steps")
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return False
@@ -196,6 +215,7 @@ class Sampler(BaseSampler):
             # On the device, so a captured graph draws fresh numbers at each replay.
             self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
             self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
+        self._graph_buffers: dict[int, torch.Tensor] = {}
 
     def reseed(self, seed: int) -> None:
         super().reseed(seed)
@@ -217,6 +237,40 @@ class Sampler(BaseSampler):
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
+
+    def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        args = super().prepare(batch)
+        if batch.packed_inputs is not None and not args.all_greedy and self.draws_with_flashinfer(args):
+            args.graph_params = upload(self._graph_params(batch), self.device)
+        return args
+
+    def _graph_params(self, batch: Batch) -> torch.Tensor:
+        vocab = self.vocab_size
+        cols = [(float(p.is_greedy), 1.0 if p.is_greedy else p.temperature, p.top_k if 0 < p.top_k < vocab else vocab,
+                 p.top_p, p.min_p) for p in (r.sampling_params for r in batch.reqs)]
+        cols += [(1.0, 1.0, vocab, 1.0, 0.0)] * (batch.padded_size - batch.size)  # padding rows: greedy
+        return torch.tensor(cols, dtype=torch.float64).T.contiguous()
+
+    @property
+    def draws_in_graph(self) -> bool:
+        return self.use_flashinfer
+
+    def _static_params(self, bs: int) -> torch.Tensor:
+        if bs not in self._graph_buffers:
+            neutral = torch.tensor([1.0, 1.0, self.vocab_size, 1.0, 0.0], dtype=torch.float64)  # greedy rows
+            self._graph_buffers[bs] = upload(neutral.unsqueeze(1).repeat(1, bs), self.device)
+        return self._graph_buffers[bs]
+
+    def load_graph_params(self, args: BatchSamplingArgs) -> None:
+        assert args.graph_params is not None
+        self._static_params(args.graph_params.shape[1]).copy_(args.graph_params, non_blocking=True)
+
+    def graph_draw(self, logits: torch.Tensor) -> torch.Tensor:
+        # Every filter present, so one captured step serves any mix (min-p 0, top-k vocab, top-p 1 leave a row be).
+        p = self._static_params(logits.shape[0])
+        args = BatchSamplingArgs(False, p[0] > 0.5, p[1].float(), p[2].long(), 0, p[3], p[4].float(),
+                                 [None] * logits.shape[0])
+        return self._tokens(logits, args)
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if not self.draws_with_flashinfer(args):

@@ -34,7 +34,7 @@ from engine.driver import Generation, Pages, RequestState, StaticDriver
 from engine.driver.loop import Launch, Loop
 from engine.driver.requests import Requests, generate_pairs
 from engine.engine import Engine
-from engine.graph import GraphRunner, StepOutputs
+from engine.graph import GraphRunner, Mode, StepOutputs
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import LayerKernels
 from engine.layers.norm import RMSNorm
@@ -327,11 +327,11 @@ def _forward_batch_into_shared_logits(self: Engine, batch: Batch, args: BatchSam
     return dataclasses.replace(out, logits=shared)
 
 
-def _replay_hands_out_static_output(self: GraphRunner, batch: Batch, greedy: bool) -> StepOutputs:
+def _replay_hands_out_static_output(self: GraphRunner, batch: Batch, mode: Mode) -> StepOutputs:
     """A replay returns the graph's static logits and tokens themselves, not copies: the next replay overwrites
     them."""
-    _ORIGINAL_REPLAY(self, batch, greedy)
-    return (self.outputs if greedy else self.sampled_outputs)[batch.padded_size]
+    _ORIGINAL_REPLAY(self, batch, mode)
+    return self.outputs[mode][batch.padded_size]
 
 
 # ---- the patches: one context manager per mutant -------------------------------------------------------------

@@ -16,8 +16,8 @@ from gpu_support import generate, gpu_engine, needs_flashinfer, random_prompt
 from test_gpu_attention import assert_runs_match
 
 from engine import Batch, Engine, Req, SamplingParams
-from engine.driver import Generation, PageLayout
-from engine.graph import StepOutputs
+from engine.driver import Generation, PageLayout, StaticDriver
+from engine.graph import Mode, StepOutputs
 from oracle.mutants.catalogue import graph_positions_stale
 from oracle.target import Target
 
@@ -43,9 +43,9 @@ def _count_replays(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tupl
     seen: list[tuple[int, int]] = []
     replay = engine.graph_runner.replay
 
-    def spy(batch: Batch, greedy: bool) -> StepOutputs:
+    def spy(batch: Batch, mode: Mode) -> StepOutputs:
         seen.append((batch.size, batch.padded_size))
-        return replay(batch, greedy)
+        return replay(batch, mode)
 
     monkeypatch.setattr(engine.graph_runner, "replay", spy)
     return seen
@@ -70,7 +70,7 @@ def test_graph_replay_matches_eager(
 ) -> None:
     layout = PageLayout("shuffled", seed=3)
     graph_engine = gpu_engine(graph_target, wide_models[name], page_size=4, max_running_req=n, cuda_graph_bs=None)
-    captured = sorted(graph_engine.graph_runner.graphs)
+    captured = sorted(graph_engine.graph_runner.graphs["greedy"])
     assert captured == [bs for bs in (1, 2, 4, 8, 16) if bs <= n]
     replays = _count_replays(graph_engine, monkeypatch)
     graphed = _shrinking_batches(graph_engine, layout, n)
@@ -188,9 +188,37 @@ def test_replay_that_skips_the_positions_copy_is_caught(
         record_property("mutant_refused", next(str(g.error) for g in mutant if g.error is not None)[:200])
 
 
+def test_each_decode_batch_replays_its_mode(graph_target: Target, wide_models: dict[str, Path]) -> None:
+    """Greedy batches replay the greedy step; unseeded sampled ones the step that draws inside the graph (with the
+    FlashInfer sampler); seeded ones the logits-only step, their draw made after it."""
+    engine = gpu_engine(graph_target, wide_models["qwen3"], cuda_graph_bs=[1, 2, 4])
+    modes: list[Mode] = []
+    replay = engine.graph_runner.replay
+
+    def spy(batch: Batch, mode: Mode) -> StepOutputs:
+        modes.append(mode)
+        return replay(batch, mode)
+
+    engine.graph_runner.replay = spy  # type: ignore[method-assign]
+    vocab = engine.model_config.vocab_size
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True)
+    runs = {
+        "greedy": [SamplingParams(max_tokens=3, ignore_eos=True)] * 3,
+        "draw": [sampled, SamplingParams(temperature=0.7, top_k=5, min_p=0.1, max_tokens=3, ignore_eos=True)],
+        "logits": [sampled, SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)],
+    }
+    for expected, params in runs.items():
+        modes.clear()
+        gens = StaticDriver(engine).generate([random_prompt(i, 5, vocab) for i in range(len(params))], params)
+        assert all(len(g.output_ids) == 3 and all(0 <= t < vocab for t in g.output_ids) for g in gens)
+        want = expected if engine.sampler.draws_in_graph or expected == "greedy" else "logits"
+        assert modes and set(modes) == {want}, f"{expected} batch replayed {modes}"
+    engine.shutdown()
+
+
 def test_shutdown_destroys_graphs(graph_target: Target, wide_models: dict[str, Path]) -> None:
     engine = gpu_engine(graph_target, wide_models["qwen3"], cuda_graph_bs=[1, 2])
-    assert sorted(engine.graph_runner.graphs) == [1, 2]
+    assert sorted(engine.graph_runner.graphs["greedy"]) == [1, 2]
     engine.shutdown()
     assert engine.graph_runner.graphs == {} and engine.graph_runner.inputs is None
     engine.shutdown()  # idempotent

@@ -1,11 +1,11 @@
-"""The FlashInfer sampler against the exact reference distribution (oracle.sampler), and fresh draws on every
-replay of a captured graph.
+"""The FlashInfer sampler against the exact reference distribution (oracle.sampler), eagerly and drawn inside a
+captured graph from static parameters, and fresh draws on every replay of a captured graph.
 
 Statistics: each sampled parameter set gets a chi-square goodness-of-fit test and a support check (oracle.stats),
-ambiguous tokens (decisions within rounding of a threshold) excluded. This module runs 12 statistical tests under
+ambiguous tokens (decisions within rounding of a threshold) excluded. This module runs 22 statistical tests under
 a family-wise false-failure budget of 5e-4 (the GPU property module takes the other 5e-4 of the GPU run's 1e-3), so
-each uses alpha = 5e-4 / 12 ≈ 4.2e-5. Sample size: 40,960 draws per parameter set, in the mixed batch and in the
-replay test; at that alpha a chi-square test with up to 40 bins detects an effect size w = 0.05 with power 0.998
+each uses alpha = 5e-4 / 22 ≈ 2.3e-5. Sample size: 40,960 draws per parameter set, in the mixed batches and in the
+replay test; at that alpha a chi-square test with up to 40 bins detects an effect size w = 0.05 with power 0.99
 (oracle.stats.power).
 """
 
@@ -22,7 +22,7 @@ from oracle.stats import AlphaBudget, chi_square_gof, support_check
 pytestmark = needs_flashinfer
 
 VOCAB = 64
-ALPHA = AlphaBudget(tests=12, total=5e-4).per_test
+ALPHA = AlphaBudget(tests=22, total=5e-4).per_test
 MIXED = [
     SamplingParams(temperature=0.7, top_k=10),
     SamplingParams(temperature=1.0, top_p=0.8),
@@ -69,6 +69,40 @@ def test_flashinfer_sampler_matches_reference_in_a_mixed_batch() -> None:
             assert counts[i, int(rows[i].argmax())] == ROWS_PER_SET * CALLS, "a greedy row left the argmax"
         else:
             _check(counts[i], rows[i], p, f"parameter set {i} ({p})")
+
+
+def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
+    """The engine's draw mode: graph_draw captured once over static parameters, a mixed batch's parameters loaded
+    before each replay (padding rows greedy); every row follows the reference distribution of its own parameters."""
+    sampler = Sampler(torch.device("cuda"), VOCAB, seed=4321, use_flashinfer=True)
+    per_set, replays, pad = 512, 80, 8
+    rows = [_row(40 + i) for i in range(len(MIXED))]
+    params = [MIXED[r % len(MIXED)] for r in range(len(MIXED) * per_set)]
+    reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 2, 1, i, p) for i, p in enumerate(params)]
+    batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[-1:] * pad)
+    batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
+    args = sampler.prepare(batch)
+    assert args.graph_params is not None and args.graph_params.shape == (5, len(params) + pad)
+    logits = torch.cat([torch.stack([rows[r % len(MIXED)] for r in range(len(params))]), rows[0].expand(pad, -1)])
+    logits = logits.cuda()
+    sampler.load_graph_params(args)
+    sampler.graph_draw(logits)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampler.graph_draw(logits)
+    which = torch.arange(len(params)) % len(MIXED)
+    counts = torch.zeros(len(MIXED), VOCAB, dtype=torch.int64)
+    for _ in range(replays):
+        sampler.load_graph_params(args)
+        graph.replay()
+        tokens = out.long().cpu()
+        assert torch.equal(tokens[len(params):], torch.full((pad,), int(rows[0].argmax()))), "a padding row drew"
+        counts.index_put_((which, tokens[: len(params)]), torch.ones(len(params), dtype=torch.int64), accumulate=True)
+    for i, p in enumerate(MIXED):
+        if p.is_greedy:
+            assert counts[i, int(rows[i].argmax())] == per_set * replays, "a greedy row left the argmax"
+        else:
+            _check(counts[i], rows[i], p, f"captured draw, parameter set {i} ({p})")
 
 
 def test_seeded_requests_do_not_depend_on_their_batch() -> None:
