@@ -181,7 +181,7 @@ class Engine:
             and (self.model_config.num_experts == 0 or choices.moe.supports_cuda_graph),
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
-            modes: tuple[Mode, ...] = ("greedy", "logits", *(("draw",) if self.sampler.draws_in_graph else ()))
+            modes: tuple[Mode, ...] = ("greedy", "logits", *self.sampler.graph_modes())
             self.graph_runner.capture(
                 self._graph_step, lambda bs: pack_inputs([], self.limits, {}, True, pad_to=bs), self.attn_backend,
                 self.device.stream, self.max_seq_len, self.device.torch_device, modes,
@@ -293,18 +293,19 @@ class Engine:
         if mode == "greedy":
             tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
         else:
-            tokens = self.sampler.graph_draw(logits)
+            tokens = self.sampler.graph_draw(logits, mode)
             payload = keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
 
     def _graph_mode(self, batch: Batch, args: BatchSamplingArgs) -> Mode | None:
         """The captured step this batch replays, or None: it runs eagerly."""
-        if batch.packed_inputs is None or not self.graph_runner.has_graph(batch.padded_size):
+        bs = batch.padded_size
+        if batch.packed_inputs is None or not self.graph_runner.has_graph(bs):
             return None
         if args.all_greedy:
             return "greedy"
-        return "draw" if args.graph_params is not None and self.graph_runner.has_graph(batch.padded_size, "draw") \
-            else "logits"
+        mode = args.graph_mode
+        return mode if mode is not None and self.graph_runner.has_graph(bs, mode) else "logits"
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         self.check_open()
@@ -328,7 +329,7 @@ class Engine:
             mode = self._graph_mode(batch, args)
             if mode is not None:
                 undo_draws = no_draws
-                if mode == "draw":
+                if mode not in ("greedy", "logits"):  # the sampler draws inside the graph
                     undo_draws = self.sampler.saved_streams()
                     self.sampler.load_graph_params(args)
                 step = self.graph_runner.replay(batch, mode)

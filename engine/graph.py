@@ -1,5 +1,5 @@
-"""The graph runner: captures whole decode steps as CUDA graphs in up to three modes per size (greedy: the tokens
-too; draw: a sampled batch's tokens drawn inside; logits: the logits alone, for a sampler that cannot draw there),
+"""The graph runner: captures whole decode steps as CUDA graphs in several modes per size (greedy: the tokens too;
+logits: the logits alone, the draw made after; and the sampler's graph_modes(), which draw a sampled batch inside),
 largest size first so all share one memory pool, and pads a batch with dummy requests to a captured size. A replay
 is one upload and one launch; disabled on CPU.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -18,7 +18,7 @@ from .core import Batch, Req
 from .step.inputs import BatchInputs
 from .step.layout import InputLayout
 
-Mode = Literal["greedy", "draw", "logits"]
+Mode = str  # "greedy", "logits", or one of the sampler's graph_modes()
 
 
 @dataclass

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ class BatchSamplingArgs:
     min_p: torch.Tensor | None
     row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
     uids: list[int] = field(default_factory=list)
-    # float64 [5, padded bs] (greedy, temperature, top_k, top_p, min_p) for a draw inside a captured step
+    greedy_rows: list[bool] = field(default_factory=list)  # the greedy flags on the host
+    graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
+    # int64 [6, padded bs]: greedy, temperature, top_k, top_p, min_p (float64 bits) and the row seeds, for graph_mode
     graph_params: torch.Tensor | None = None
 
 
@@ -43,6 +46,9 @@ def step_seed(seed: int, position: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
     return (x ^ (x >> 31)) % 2**63
+
+
+DrawFn = Callable[[torch.Tensor, "BatchSamplingArgs"], torch.Tensor]
 
 
 class BaseSampler(ABC):
@@ -55,6 +61,12 @@ class BaseSampler(ABC):
         self.device = device
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
+        self._graph_buffers: dict[int, torch.Tensor] = {}
+        self._seeded_noise: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+            from .sample_triton import seeded_noise_
+
+            self._seeded_noise = seeded_noise_
         if seed is None:
             self.generator.seed()
         else:
@@ -94,7 +106,7 @@ class BaseSampler(ABC):
         filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
         use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
-        return BatchSamplingArgs(
+        args = BatchSamplingArgs(
             all_greedy=all_greedy,
             greedy=to_dev(greedy, torch.bool),
             temperature=to_dev([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
@@ -104,7 +116,13 @@ class BaseSampler(ABC):
             min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
             row_seeds=row_seeds,
             uids=uids,
+            greedy_rows=greedy,
         )
+        if batch.packed_inputs is not None:
+            args.graph_mode = self._graph_mode(args)
+            if args.graph_mode is not None:
+                args.graph_params = upload(self._graph_params(batch, args), self.device)
+        return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: float32 [bs, vocab] → int32 token ids [bs]; NonFiniteLogitsError where a row has none."""
@@ -128,26 +146,70 @@ class BaseSampler(ABC):
         undo = self.saved_streams()
         return self._tokens(logits, args), undo
 
-    def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+    def _tokens(
+        self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None
+    ) -> torch.Tensor:
         """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
         bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
         argmax = logits.argmax(dim=-1)
-        sampled = self.draw(_stand_in(logits, bad), args)
+        sampled = (draw or self.draw)(_stand_in(logits, bad), args)
         tokens = torch.where(args.greedy, argmax, sampled)
         return torch.where(bad, -1, tokens).to(torch.int32)
 
-    @property
-    def draws_in_graph(self) -> bool:
-        """Whether graph_draw can run inside a captured decode step (device-side parameters, no host sync)."""
-        return False
+    def graph_modes(self) -> tuple[str, ...]:
+        """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
+        drawn by filtered_probs and the seeded noise) where the seeded noise runs on the device."""
+        return ("seeded",) if self._seeded_noise is not None else ()
 
-    def graph_draw(self, logits: torch.Tensor) -> torch.Tensor:
-        """A sampled batch's tokens inside a captured step, from the parameters load_graph_params last loaded."""
-        raise NotImplementedError(f"{type(self).__name__} does not draw inside captured steps")
+    def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
+        sampled_seeds = [seed for seed, greedy in zip(args.row_seeds, args.greedy_rows) if not greedy]
+        return "seeded" if "seeded" in self.graph_modes() and None not in sampled_seeds else None
+
+    def _graph_params(self, batch: Batch, args: BatchSamplingArgs) -> torch.Tensor:
+        vocab, pad = self.vocab_size, batch.padded_size - batch.size
+        params = [r.sampling_params for r in batch.reqs]
+        cols = [(float(p.is_greedy), 1.0 if p.is_greedy else p.temperature, p.top_k if 0 < p.top_k < vocab else vocab,
+                 p.top_p, p.min_p) for p in params] + [self._greedy_row()] * pad
+        floats = torch.tensor(cols, dtype=torch.float64).T.contiguous().view(torch.int64)
+        seeds = torch.tensor([[seed or 0 for seed in args.row_seeds] + [0] * pad])
+        return torch.cat([floats, seeds])
+
+    def _greedy_row(self) -> tuple[float, ...]:
+        """A captured step's padding row: greedy, every filter off."""
+        return (1.0, 1.0, float(self.vocab_size), 1.0, 0.0)
+
+    def _static_params(self, bs: int) -> torch.Tensor:
+        if bs not in self._graph_buffers:  # greedy rows until a batch loads its own
+            floats = torch.tensor([self._greedy_row()] * bs, dtype=torch.float64).T.contiguous().view(torch.int64)
+            self._graph_buffers[bs] = upload(torch.cat([floats, torch.zeros(1, bs, dtype=torch.int64)]), self.device)
+        return self._graph_buffers[bs]
 
     def load_graph_params(self, args: BatchSamplingArgs) -> None:
-        """Copy a batch's graph_params into the static buffer its captured step reads."""
-        raise NotImplementedError(f"{type(self).__name__} does not draw inside captured steps")
+        """Copy a batch's graph_params into the static buffer its captured step reads (before the replay)."""
+        assert args.graph_params is not None
+        self._static_params(args.graph_params.shape[1]).copy_(args.graph_params, non_blocking=True)
+
+    def graph_draw(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
+        """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded. Every
+        filter is applied (top-k vocab, top-p 1 and min-p 0 leave a row as it is), so one step serves any mix."""
+        static = self._static_params(logits.shape[0])
+        p = static[:5].view(torch.float64)
+        args = BatchSamplingArgs(False, p[0] > 0.5, p[1].float(), p[2].long(), self.vocab_size, p[3], p[4].float(),
+                                 [None] * logits.shape[0])
+        return self._tokens(logits, args, self._graph_draw_fn(mode, static[5]))
+
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
+        if mode != "seeded" or self._seeded_noise is None:
+            raise NotImplementedError(f"{type(self).__name__} does not draw in graph mode {mode!r}")
+        seeded_noise = self._seeded_noise
+
+        def draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+            probs = self.filtered_probs(logits, args)
+            noise = torch.empty_like(probs)
+            seeded_noise(noise, torch.arange(probs.shape[0], device=probs.device), seeds)
+            return (probs / noise).argmax(dim=-1)
+
+        return draw
 
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return False
@@ -166,13 +228,17 @@ class BaseSampler(ABC):
         return (probs / self.noise(probs, args.row_seeds)).argmax(dim=-1)
 
     def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
-        """Exp(1) noise, never 0, from self.generator; a seeded row draws from its own generator."""
+        """Exp(1) noise, never 0, from self.generator; a seeded row draws its own numbers, keyed by its seed alone
+        (on CUDA from Triton's Philox, as a captured step draws them; elsewhere from a generator of its own)."""
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
-        for row, seed in enumerate(row_seeds):
-            if seed is not None:
-                gen = torch.Generator(device=probs.device).manual_seed(seed)
-                noise[row].exponential_(generator=gen)
+        seeded = [(row, seed) for row, seed in enumerate(row_seeds) if seed is not None]
+        if seeded and self._seeded_noise is not None:
+            rows, seeds = zip(*seeded)
+            self._seeded_noise(noise, upload(torch.tensor(rows), self.device), upload(torch.tensor(seeds), self.device))
+        else:
+            for row, seed in seeded:
+                noise[row].exponential_(generator=torch.Generator(device=probs.device).manual_seed(seed))
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod
@@ -215,7 +281,6 @@ class Sampler(BaseSampler):
             # On the device, so a captured graph draws fresh numbers at each replay.
             self.philox_seed = torch.tensor([self.generator.initial_seed() % 2**63], dtype=torch.int64, device=device)
             self.philox_offset = torch.zeros(1, dtype=torch.int64, device=device)
-        self._graph_buffers: dict[int, torch.Tensor] = {}
 
     def reseed(self, seed: int) -> None:
         super().reseed(seed)
@@ -238,39 +303,15 @@ class Sampler(BaseSampler):
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
 
-    def prepare(self, batch: Batch) -> BatchSamplingArgs:
-        args = super().prepare(batch)
-        if batch.packed_inputs is not None and not args.all_greedy and self.draws_with_flashinfer(args):
-            args.graph_params = upload(self._graph_params(batch), self.device)
-        return args
+    def graph_modes(self) -> tuple[str, ...]:
+        """Also 'draw': an unseeded batch drawn by FlashInfer's kernels."""
+        return ("draw", *super().graph_modes()) if self.use_flashinfer else super().graph_modes()
 
-    def _graph_params(self, batch: Batch) -> torch.Tensor:
-        vocab = self.vocab_size
-        cols = [(float(p.is_greedy), 1.0 if p.is_greedy else p.temperature, p.top_k if 0 < p.top_k < vocab else vocab,
-                 p.top_p, p.min_p) for p in (r.sampling_params for r in batch.reqs)]
-        cols += [(1.0, 1.0, vocab, 1.0, 0.0)] * (batch.padded_size - batch.size)  # padding rows: greedy
-        return torch.tensor(cols, dtype=torch.float64).T.contiguous()
+    def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
+        return "draw" if self.draws_with_flashinfer(args) else super()._graph_mode(args)
 
-    @property
-    def draws_in_graph(self) -> bool:
-        return self.use_flashinfer
-
-    def _static_params(self, bs: int) -> torch.Tensor:
-        if bs not in self._graph_buffers:
-            neutral = torch.tensor([1.0, 1.0, self.vocab_size, 1.0, 0.0], dtype=torch.float64)  # greedy rows
-            self._graph_buffers[bs] = upload(neutral.unsqueeze(1).repeat(1, bs), self.device)
-        return self._graph_buffers[bs]
-
-    def load_graph_params(self, args: BatchSamplingArgs) -> None:
-        assert args.graph_params is not None
-        self._static_params(args.graph_params.shape[1]).copy_(args.graph_params, non_blocking=True)
-
-    def graph_draw(self, logits: torch.Tensor) -> torch.Tensor:
-        # Every filter present, so one captured step serves any mix (min-p 0, top-k vocab, top-p 1 leave a row be).
-        p = self._static_params(logits.shape[0])
-        args = BatchSamplingArgs(False, p[0] > 0.5, p[1].float(), p[2].long(), 0, p[3], p[4].float(),
-                                 [None] * logits.shape[0])
-        return self._tokens(logits, args)
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
+        return self.draw if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds)
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if not self.draws_with_flashinfer(args):

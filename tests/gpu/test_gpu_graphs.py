@@ -189,8 +189,9 @@ def test_replay_that_skips_the_positions_copy_is_caught(
 
 
 def test_each_decode_batch_replays_its_mode(graph_target: Target, wide_models: dict[str, Path]) -> None:
-    """Greedy batches replay the greedy step; unseeded sampled ones the step that draws inside the graph (with the
-    FlashInfer sampler); seeded ones the logits-only step, their draw made after it."""
+    """Greedy batches replay the greedy step; sampled ones the step that draws inside the graph where the sampler
+    has one for them (unseeded: FlashInfer's 'draw'; every sampled row seeded: 'seeded'); others the logits-only
+    step, their draw made after it."""
     engine = gpu_engine(graph_target, wide_models["qwen3"], cuda_graph_bs=[1, 2, 4])
     modes: list[Mode] = []
     replay = engine.graph_runner.replay
@@ -202,16 +203,19 @@ def test_each_decode_batch_replays_its_mode(graph_target: Target, wide_models: d
     engine.graph_runner.replay = spy  # type: ignore[method-assign]
     vocab = engine.model_config.vocab_size
     sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True)
-    runs = {
+    seeded = [SamplingParams(temperature=0.8, top_k=7, seed=s, max_tokens=3, ignore_eos=True) for s in (3, 4)]
+    runs: dict[Mode, list[SamplingParams]] = {
         "greedy": [SamplingParams(max_tokens=3, ignore_eos=True)] * 3,
         "draw": [sampled, SamplingParams(temperature=0.7, top_k=5, min_p=0.1, max_tokens=3, ignore_eos=True)],
-        "logits": [sampled, SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)],
+        "seeded": seeded,
+        "logits": [sampled, seeded[0]],
     }
+    captured = ("greedy", "logits", *engine.sampler.graph_modes())
     for expected, params in runs.items():
         modes.clear()
         gens = StaticDriver(engine).generate([random_prompt(i, 5, vocab) for i in range(len(params))], params)
         assert all(len(g.output_ids) == 3 and all(0 <= t < vocab for t in g.output_ids) for g in gens)
-        want = expected if engine.sampler.draws_in_graph or expected == "greedy" else "logits"
+        want = expected if expected in captured else "logits"
         assert modes and set(modes) == {want}, f"{expected} batch replayed {modes}"
     engine.shutdown()
 

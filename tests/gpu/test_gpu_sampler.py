@@ -1,11 +1,12 @@
 """The FlashInfer sampler against the exact reference distribution (oracle.sampler), eagerly and drawn inside a
-captured graph from static parameters, and fresh draws on every replay of a captured graph.
+captured graph from static parameters; a captured seeded draw against the eager one, exactly; fresh draws on every
+replay of a captured graph.
 
 Statistics: each sampled parameter set gets a chi-square goodness-of-fit test and a support check (oracle.stats),
 ambiguous tokens (decisions within rounding of a threshold) excluded. This module runs 22 statistical tests under
 a family-wise false-failure budget of 5e-4 (the GPU property module takes the other 5e-4 of the GPU run's 1e-3), so
 each uses alpha = 5e-4 / 22 ≈ 2.3e-5. Sample size: 40,960 draws per parameter set, in the mixed batches and in the
-replay test; at that alpha a chi-square test with up to 40 bins detects an effect size w = 0.05 with power 0.99
+replay test; at that alpha a chi-square test with up to 40 bins detects an effect size w = 0.05 with power 0.997
 (oracle.stats.power).
 """
 
@@ -82,14 +83,15 @@ def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
     batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[-1:] * pad)
     batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
     args = sampler.prepare(batch)
-    assert args.graph_params is not None and args.graph_params.shape == (5, len(params) + pad)
+    assert args.graph_mode == "draw"
+    assert args.graph_params is not None and args.graph_params.shape == (6, len(params) + pad)
     logits = torch.cat([torch.stack([rows[r % len(MIXED)] for r in range(len(params))]), rows[0].expand(pad, -1)])
     logits = logits.cuda()
     sampler.load_graph_params(args)
-    sampler.graph_draw(logits)  # warm-up outside the capture
+    sampler.graph_draw(logits, "draw")  # warm-up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sampler.graph_draw(logits)
+        out = sampler.graph_draw(logits, "draw")
     which = torch.arange(len(params)) % len(MIXED)
     counts = torch.zeros(len(MIXED), VOCAB, dtype=torch.int64)
     for _ in range(replays):
@@ -103,6 +105,30 @@ def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
             assert counts[i, int(rows[i].argmax())] == per_set * replays, "a greedy row left the argmax"
         else:
             _check(counts[i], rows[i], p, f"captured draw, parameter set {i} ({p})")
+
+
+def test_a_captured_seeded_draw_is_the_eager_draw() -> None:
+    """The seeded mode: every sampled row seeded, drawn inside a captured step with HF's filters and the seeded noise
+    keyed by the row's seed: bitwise the tokens an eager step draws for the same rows."""
+    sampler = Sampler(torch.device("cuda"), VOCAB, seed=8, use_flashinfer=True)
+    params = [SamplingParams(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=100 + i)
+              if not p.is_greedy else p for i, p in enumerate(MIXED * 40)]
+    rows = [_row(60 + i) for i in range(len(params))]
+    logits = torch.stack(rows + rows[:3]).cuda()
+    reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 2, 1, i, p) for i, p in enumerate(params)]
+    eager = sampler.sample(logits[: len(params)], sampler.prepare(Batch(reqs, "decode")))
+    batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[:3])
+    batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
+    args = sampler.prepare(batch)
+    assert args.graph_mode == "seeded"
+    sampler.load_graph_params(args)
+    sampler.graph_draw(logits, "seeded")  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampler.graph_draw(logits, "seeded")
+    sampler.load_graph_params(args)
+    graph.replay()
+    assert torch.equal(out[: len(params)], eager), "the captured seeded draw left the eager one"
 
 
 def test_seeded_requests_do_not_depend_on_their_batch() -> None:
