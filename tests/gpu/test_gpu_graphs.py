@@ -18,7 +18,7 @@ from test_gpu_attention import assert_runs_match
 from engine import Batch, Engine, Req, SamplingParams
 from engine.driver import Generation, PageLayout, StaticDriver
 from engine.graph import Mode, StepOutputs
-from oracle.mutants.catalogue import graph_positions_stale
+from oracle.mutants.catalogue.step import graph_positions_stale
 from oracle.target import Target
 
 pytestmark = needs_flashinfer

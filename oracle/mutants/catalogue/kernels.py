@@ -1,7 +1,7 @@
-"""Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for, each a reversible patch
-like the catalogue's (oracle.mutants.catalogue). They live at the boundaries strategies must reach: a tile tail, a
-softmax past float32's exp overflow, an element offset past 2**31, a slot written twice, a write past the slots
-asked for, a kernel that silently hands its work to the reference, a host copy read before it lands."""
+"""Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for. They live at the
+boundaries strategies must reach: a tile tail, a softmax past float32's exp overflow, an element offset past 2**31, a
+slot written twice, a write past the slots asked for, a kernel that silently hands its work to the reference, a host
+copy read before it lands."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engine.attention import torch_backend
 from engine.layers.kernels import TORCH_KERNELS, TorchKernels, TritonKernels
 from engine.step import ForwardOutput, slots
 
-from .catalogue import _swap
+from .base import swap
 
 TILE = 64
 
@@ -101,28 +101,28 @@ def _wait_for_nothing(self: ForwardOutput) -> None:
 
 
 def attention_tile_tail_dropped() -> contextlib.AbstractContextManager[None]:
-    return _swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_tile_tail_dropped))
+    return swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_tile_tail_dropped))
 
 
 def softmax_without_max() -> contextlib.AbstractContextManager[None]:
-    return _swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_softmax_without_max))
+    return swap(torch_backend, "F", types.SimpleNamespace(scaled_dot_product_attention=_sdpa_softmax_without_max))
 
 
 def store_kv_int32_offsets() -> contextlib.AbstractContextManager[None]:
-    return _swap(TorchKernels, "store_kv", _store_kv_int32_offsets)
+    return swap(TorchKernels, "store_kv", _store_kv_int32_offsets)
 
 
 def store_kv_one_past() -> contextlib.AbstractContextManager[None]:
-    return _swap(TorchKernels, "store_kv", _store_kv_one_past)
+    return swap(TorchKernels, "store_kv", _store_kv_one_past)
 
 
 def slot_check_counts_once() -> contextlib.AbstractContextManager[None]:
     # redirected_slots reaches slot_verdict through engine.step.slots' module-level name; only that name is rebound.
-    return _swap(slots, "slot_verdict", _slot_verdict_counting_once)
+    return swap(slots, "slot_verdict", _slot_verdict_counting_once)
 
 
 def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
-    return _swap(TritonKernels, "rms_norm", _rms_norm_quietly_on_torch)
+    return swap(TritonKernels, "rms_norm", _rms_norm_quietly_on_torch)
 
 
 @contextlib.contextmanager
@@ -135,9 +135,9 @@ def triton_slot_count_skipped() -> Any:
         def __getitem__(self, grid: object) -> Any:
             return lambda *args, **kwargs: None
 
-    with _swap(triton_kernels, "_slot_count_kernel", _Skip()):
+    with swap(triton_kernels, "_slot_count_kernel", _Skip()):
         yield
 
 
 def host_copy_unwaited() -> contextlib.AbstractContextManager[None]:
-    return _swap(ForwardOutput, "wait", _wait_for_nothing)
+    return swap(ForwardOutput, "wait", _wait_for_nothing)
