@@ -216,6 +216,25 @@ MUTANTS: dict[str, Mutant] = {
             device="cuda",
             needs=(("sampler", "flashinfer"),),
         ),
+        Mutant(
+            "graph_params_unloaded",
+            "a sampled batch drawn inside a captured step never loads its parameters: the step draws with the static "
+            "buffer's previous ones (at first: greedy for every row)",
+            "issue #26 (sampling moved into the CUDA graph); the stale-static-input class of graph_positions_stale "
+            "(a captured graph reads only what is copied into its buffers before the replay)",
+            sampling.graph_params_unloaded,
+            device="cuda",
+            needs=(("graphs", True),),
+        ),
+        Mutant(
+            "seeded_noise_by_row",
+            "a seeded row's noise is keyed by its place in the batch rather than by its seed, so its tokens change "
+            "with its batch",
+            "FlashInfer's Philox streams are per row of the batch (why seeded rows never draw there); "
+            "vllm-project/vllm#51226 (a seeded request's tokens depended on its batch-mates)",
+            sampling.seeded_noise_by_row,
+            device="cuda",
+        ),
         # ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----
         Mutant(
             "flashinfer_last_page_len_modulo",

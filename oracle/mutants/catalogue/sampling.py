@@ -21,6 +21,12 @@ _ORIGINAL_FILTERED_PROBS = Sampler.filtered_probs
 _ORIGINAL_PREPARE = BaseSampler.prepare
 _ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
 _ORIGINAL_STEP_SEED = sample.step_seed
+try:  # the seeded noise's Triton kernel exists only where triton does (CUDA builds of torch)
+    from engine import sample_triton
+
+    _ORIGINAL_SEEDED_NOISE = sample_triton.seeded_noise_
+except ImportError:
+    sample_triton = None  # type: ignore[assignment]
 
 
 def _only(args: BatchSamplingArgs, **changes: Any) -> BatchSamplingArgs:
@@ -215,3 +221,22 @@ def _flashinfer_draw_joint(self: Sampler, probs: torch.Tensor, args: BatchSampli
 
 def flashinfer_joint_order() -> contextlib.AbstractContextManager[None]:
     return swap(Sampler, "flashinfer_draw", _flashinfer_draw_joint)
+
+
+def _params_not_loaded(self: BaseSampler, args: BatchSamplingArgs) -> None:
+    """A captured sampled step runs on whatever parameters its static buffer held before: this batch's never land."""
+
+
+def graph_params_unloaded() -> contextlib.AbstractContextManager[None]:
+    return swap(BaseSampler, "load_graph_params", _params_not_loaded)
+
+
+def _noise_keyed_by_row(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor) -> None:
+    """A seeded row's noise keyed by its place in the batch, not by its seed."""
+    _ORIGINAL_SEEDED_NOISE(noise, rows, rows.to(torch.int64))
+
+
+def seeded_noise_by_row() -> contextlib.AbstractContextManager[None]:
+    if sample_triton is None:
+        raise RuntimeError("seeded_noise_by_row patches the Triton seeded noise: it needs triton (CUDA)")
+    return swap(sample_triton, "seeded_noise_", _noise_keyed_by_row)
