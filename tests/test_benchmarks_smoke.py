@@ -63,13 +63,15 @@ def test_skipped_contenders_leave_the_grid(tiny_models: dict[str, Path], tmp_pat
 def test_sampled_rows_their_ratios_and_the_step_profile(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     args = ["--device", "cpu", "--quick", "--model", str(tiny_models["qwen3"]), "--json", str(out), "--skip", HF_EAGER]
-    assert main([*args, "--batch-sizes", "2", "--sampling", "seeded,greedy,mixed", "--profile"]) == 0
+    sampling = ["--sampling", "seeded,greedy,mixed", "--sampled-batch-sizes", "2", "--profile"]
+    assert main([*args, "--batch-sizes", "1,2", *sampling]) == 0
     grid = json.loads(out.read_text())["grid"]
     labels = [ENGINE_EAGER, f"{ENGINE_EAGER} [mixed]", f"{ENGINE_EAGER} [seeded]"]
-    assert grid["sampling"] == list(MODES) and [r["method"] for r in grid["rows"]] == labels
-    assert {(q["a"], q["b"]) for q in grid["ratios"]} == {(label, ENGINE_EAGER) for label in labels[1:]}
+    assert grid["sampling"] == list(MODES)
+    assert [(r["batch"], r["method"]) for r in grid["rows"]] == [(1, ENGINE_EAGER)] + [(2, x) for x in labels]
+    assert {(q["batch"], q["a"], q["b"]) for q in grid["ratios"]} == {(2, x, ENGINE_EAGER) for x in labels[1:]}
     profiled = [(p["batch"], p["sampling"], p["method"]) for p in grid["profile"]]
-    assert profiled == [(2, mode, label) for mode, label in zip(MODES, labels)]
+    assert profiled == [(1, GREEDY, ENGINE_EAGER)] + [(2, mode, label) for mode, label in zip(MODES, labels)]
     for p in grid["profile"]:  # no device kernels on CPU
         assert p["kernels_per_step"] is None and p["device_ms_per_step"] is None and p["host_ms_per_step"] > 0
     with pytest.raises(SystemExit):

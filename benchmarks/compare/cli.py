@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         "mixed cycles greedy, top-k, top-p and min-p requests, seeded samples every request with its own seed",
     )
     parser.add_argument(
+        "--sampled-batch-sizes",
+        type=lambda s: frozenset(int(x) for x in s.split(",")),
+        help="the batch sizes of the sampled rows, e.g. 1,64 (default: every batch size)",
+    )
+    parser.add_argument(
         "--offline-sampling", default=GREEDY, help=f"comma list of {', '.join(MODES)}: one offline run per mode"
     )
     parser.add_argument(
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bandwidth {result['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s")
         save()
     if "grid" in sections or "roofline" in sections:
-        grid = run_grid(target, choice, plan, log, args.isolate, args.skip, grid_modes, args.profile)
+        sampled = args.sampled_batch_sizes
+        grid = run_grid(target, choice, plan, log, args.isolate, args.skip, grid_modes, args.profile, sampled)
         result["meta"]["skipped"] = sorted(args.skip)
         result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
         result["grid"] = grid

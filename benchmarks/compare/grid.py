@@ -60,10 +60,12 @@ def run_grid(
     skip: frozenset[str] = frozenset(),
     modes: tuple[str, ...] = (GREEDY,),
     profile: bool = False,
+    sampled_batch_sizes: frozenset[int] | None = None,
 ) -> dict[str, Any]:
     """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here, and the
     contenders named in `skip` not at all. Each engine contender runs once per sampling mode, HF greedy only; with
-    `profile`, each mode of the engine's fastest contender (graphs where captured) gets a step profile per B."""
+    `profile`, each mode of the engine's fastest contender (graphs where captured) gets a step profile per B. The
+    sampled modes run at the B in `sampled_batch_sizes` only (None: at every B)."""
     device = target.torch_device
     cuda = device.type == "cuda"
     max_b, n = max(plan.batch_sizes), plan.new_tokens
@@ -84,6 +86,7 @@ def run_grid(
     elif cuda:
         log("engine: no CUDA graphs were captured; the cuda-graphs row is left out")
     contenders = [engine_contender(driver, name, on, mode) for name, on in engines for mode in modes]
+    greedy_names = {name for name, _ in engines} | {HF_EAGER, HF_STATIC}
     profiled = engines[-1:] if profile else []  # graphs where captured, else eager
     profiles: list[dict[str, Any]] = []
     hf_all: list[tuple[str, int | None]] = [(HF_EAGER, None)] + ([(HF_STATIC, plan.prompt_len + n)] if cuda else [])
@@ -104,18 +107,21 @@ def run_grid(
                 contenders.append(Contender(name, run_hf))
         for b in plan.batch_sizes:
             prompts = random_prompts(b, plan.prompt_len, vocab, seed=b)
+            sampled = sampled_batch_sizes is None or b in sampled_batch_sizes
+            active = [c for c in contenders if sampled or c.name in greedy_names]
+            b_modes = modes if sampled else (GREEDY,)
             outputs: dict[str, Prompts] = {}
-            for c in contenders:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
+            for c in active:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
                 for times in (c.t_n, c.t_1, c.c_n, c.c_1):
                     times.clear()
                 outputs[c.name] = c.run(prompts, n)[2]
                 c.run(prompts, 1)
             for r in range(plan.repeats):
-                for c in contenders:
+                for c in active:
                     c.measure(prompts, n)
-                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s (1 token: {c.t_1[-1]:.3f}s)" for c in contenders)
+                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s (1 token: {c.t_1[-1]:.3f}s)" for c in active)
                 log(f"B={b} round {r + 1}/{plan.repeats}: {walls}")
-            for c in contenders:
+            for c in active:
                 rows.append(
                     GridRow(
                         b,
@@ -135,7 +141,7 @@ def run_grid(
             for a, ref in checks:
                 if a in outputs and ref in outputs:
                     agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
-            for (name, on), mode in product(profiled, modes):
+            for (name, on), mode in product(profiled, b_modes):
                 profiles.append(profile_row(engine, b, plan.prompt_len, mode, on, labelled(name, mode)))
                 p = profiles[-1]
                 log(f"B={b} profile {p['method']}: {p['kernels_per_step']} kernels/step, "
