@@ -109,7 +109,7 @@ def run_grid(
             prompts = random_prompts(b, plan.prompt_len, vocab, seed=b)
             sampled = sampled_batch_sizes is None or b in sampled_batch_sizes
             active = [c for c in contenders if sampled or c.name in greedy_names]
-            b_modes = modes if sampled else (GREEDY,)
+            b_modes = tuple(m for m in modes if sampled or m == GREEDY)
             outputs: dict[str, Prompts] = {}
             for c in active:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
                 for times in (c.t_n, c.t_1, c.c_n, c.c_1):
