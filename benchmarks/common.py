@@ -11,7 +11,7 @@ import inspect
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,17 +186,21 @@ class DecodeStep:
     times the same work.
     """
 
-    def __init__(self, engine: Engine, bs: int, context: int, seed: int = 0) -> None:
+    def __init__(
+        self, engine: Engine, bs: int, context: int, seed: int = 0, params: Sequence[SamplingParams] | None = None
+    ) -> None:
+        """params: each request's sampling (default: greedy)."""
         self.engine = engine
         self.context = context
         vocab = engine.model_config.vocab_size
         span = -(-(context + 1) // engine.config.page_size) * engine.config.page_size
-        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        greedy = SamplingParams(max_tokens=1, ignore_eos=True)
         self.reqs = []
         _take_over(engine)
         for i, prompt in enumerate(random_prompts(bs, context, vocab, seed)):
             _map_slots(engine, i, i * span, context + 1)
-            self.reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), i, 0, 1, i, params))
+            p = greedy if params is None else params[i]
+            self.reqs.append(Req(torch.tensor(prompt, dtype=torch.int32), i, 0, 1, i, p))
         batch, args = engine.prepare_batch(self.reqs, "prefill")
         out = engine.forward_batch(batch, args)
         out.copy_done_event.synchronize()
@@ -215,6 +219,15 @@ class DecodeStep:
         """One step, waited for: its latency."""
         self._launch()
         synchronize(self.engine.device.torch_device)
+
+    def host_step(self) -> float:
+        """One step from an idle device, waited for; returns the host wall seconds until its launch returned."""
+        synchronize(self.engine.device.torch_device)
+        start = time.perf_counter()
+        self._launch()
+        host = time.perf_counter() - start
+        synchronize(self.engine.device.torch_device)
+        return host
 
     def pipelined_step(self) -> None:
         """One step started, then the previous one's tokens waited for, as the overlapped driver runs: the time
@@ -241,6 +254,36 @@ class PrefillStep:
         batch, args = self.engine.prepare_batch([self.req], "prefill")
         self.engine.forward_batch(batch, args)
         synchronize(self.engine.device.torch_device)
+
+
+# ---- kernels per step ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepProfile:
+    steps: int  # steps profiled
+    kernels_per_step: float | None  # device kernels launched per step (memcpy and memset not counted); None on CPU
+    device_ms_per_step: float | None  # their summed device time per step; None on CPU
+    host_ms_per_step: float | None  # host wall time per step until its launch returned (None: not measured)
+
+
+def profile_steps(step: Callable[[], object], device: torch.device, steps: int) -> tuple[StepProfile, Any]:
+    """Runs step() `steps` times under torch.profiler (device drained after): the kernel counts and device time per
+    step, and the profiler (for its tables and trace)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    kernels = [
+        e for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    ]
+    count = len(kernels) / steps if cuda else None
+    device_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps if cuda else None
+    return StepProfile(steps, count, device_ms, None), prof
 
 
 # ---- samplers -----------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,15 @@ from engine.driver import StaticDriver
 from oracle.environment import git_commit
 from oracle.target import TargetError
 
-from .common import benchmark_target, build_engine, machine_info, model_for, random_prompts, synchronize
+from .common import (
+    benchmark_target,
+    build_engine,
+    machine_info,
+    model_for,
+    profile_steps,
+    random_prompts,
+    synchronize,
+)
 
 
 @contextmanager
@@ -104,14 +113,9 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
         (engine.attn_backend, "prepare_for_replay", "forward: attention plan"),
         (engine.sampler, "sample_deferred", "forward: sampling"),
     ]
+    kernels = None
     if trace is not None:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof:
-            for _ in range(5):
-                driver.step()
-            synchronize(device)
+        kernels, prof = profile_steps(driver.step, device, 5)
         trace.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace / f"decode-bs{bs}.json"))
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
@@ -129,6 +133,7 @@ def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path
         "waited_step_ms": waited_s * 1e3,
         "graph_device_ms": graph_device_ms(engine, bs),
         "phases_ms": {label: t / remaining * 1e3 for label, t in totals.items()},
+        "kernels": None if kernels is None else asdict(kernels),  # with --trace: kernels and device time per step
     }
     for uid in list(driver.running):
         driver.abort(uid)

@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.common import model_for
 from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
+from benchmarks.compare.sampling import GREEDY, MIXED, MODES, SEEDED, request_params
 from oracle.target import parse
 
 
@@ -57,6 +58,35 @@ def test_skipped_contenders_leave_the_grid(tiny_models: dict[str, Path], tmp_pat
         main([*args, "--skip", "vllm"])
     with pytest.raises(SystemExit):  # a target of another device than --device's
         main([*args, "--target", "cuda-bf16"])
+
+
+def test_sampled_rows_their_ratios_and_the_step_profile(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    args = ["--device", "cpu", "--quick", "--model", str(tiny_models["qwen3"]), "--json", str(out), "--skip", HF_EAGER]
+    sampling = ["--sampling", "seeded,greedy,mixed", "--sampled-batch-sizes", "2", "--profile"]
+    assert main([*args, "--batch-sizes", "1,2", *sampling]) == 0
+    grid = json.loads(out.read_text())["grid"]
+    labels = [ENGINE_EAGER, f"{ENGINE_EAGER} [mixed]", f"{ENGINE_EAGER} [seeded]"]
+    assert grid["sampling"] == list(MODES)
+    assert [(r["batch"], r["method"]) for r in grid["rows"]] == [(1, ENGINE_EAGER)] + [(2, x) for x in labels]
+    assert {(q["batch"], q["a"], q["b"]) for q in grid["ratios"]} == {(2, x, ENGINE_EAGER) for x in labels[1:]}
+    profiled = [(p["batch"], p["sampling"], p["method"]) for p in grid["profile"]]
+    assert profiled == [(1, GREEDY, ENGINE_EAGER)] + [(2, mode, label) for mode, label in zip(MODES, labels)]
+    for p in grid["profile"]:  # no device kernels on CPU
+        assert p["kernels_per_step"] is None and p["device_ms_per_step"] is None and p["host_ms_per_step"] > 0
+    with pytest.raises(SystemExit):
+        main([*args, "--sampling", "greedy,beam"])
+
+
+def test_sampling_modes_make_the_requested_batches() -> None:
+    mixed = request_params(MIXED, [5] * 5)
+    assert [(p.temperature, p.top_k, p.top_p, p.min_p) for p in mixed] == [
+        (0.0, -1, 1.0, 0.0), (0.8, 20, 1.0, 0.0), (0.8, -1, 0.9, 0.0), (0.8, -1, 1.0, 0.05), (0.0, -1, 1.0, 0.0)
+    ]
+    seeded = request_params(SEEDED, [3, 4])
+    assert [p.seed for p in seeded] == [0, 1] and all(p.temperature == 0.8 and p.top_p == 0.9 for p in seeded)
+    assert all(p.ignore_eos and p.seed is None for p in mixed + request_params(GREEDY, [1]))
+    assert [p.max_tokens for p in seeded] == [3, 4]
 
 
 def test_an_isolated_contender_that_fails_raises_with_the_childs_traceback(tiny_models: dict[str, Path]) -> None:

@@ -13,11 +13,16 @@ The engine runs a target (oracle.target): --target, else cpu-fp32 on CPU and cud
    overhead (scheduling, sampling, cache updates) included and no hook inside the loop to perturb it. The same
    method is applied to every contender. Repeats run interleaved (each contender once per round), and each ratio
    is the median over rounds of the ratio within a round, so load from other processes hits both sides alike.
+   --sampling greedy,mixed,seeded adds the engine's sampled rows (HF runs greedy only), each with its ratio to the
+   greedy row: mixed cycles greedy, top-k, top-p and min-p requests, seeded samples each with a seed of its own.
 2. Roofline (GPU): device bandwidth from a large device-to-device copy (read + write bytes), in the same run.
    floor = (weight bytes read + KV bytes read) / bandwidth per decode step; reports step / floor per B.
 3. Offline workload (GPU), shaped like nano-vllm's bench: 256 requests, random token ids, input and output
    lengths U(100, 1024), EOS ignored, seed 0, through the static driver with a prefill token budget. Reports
-   total output tokens/s.
+   total output tokens/s, once per mode of --offline-sampling (greedy, mixed, seeded).
+4. Step profile (--profile): per B and sampling mode, the engine's graphs contender (eager without graphs) as a
+   repeated decode step: device kernels and their summed device time per step (torch.profiler; None on CPU), and
+   the host wall time until a step's launch returned.
 
 HF static+compile runs in a persistent child process of its own (--isolate NAMES picks which HF contenders do):
 once its compiled CUDA graph trees had run in this process, the engine's next B=64 call on an H200 died with an

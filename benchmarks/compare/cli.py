@@ -20,6 +20,7 @@ from .offline import run_offline
 from .plan import Plan
 from .report import print_report, run_meta, write_json
 from .roofline import measure_bandwidth, run_roofline
+from .sampling import GREEDY, MODES, modes
 
 
 def name_set(text: str) -> frozenset[str]:
@@ -61,7 +62,31 @@ def main(argv: list[str] | None = None) -> int:
         type=name_set,
         help="comma list of contenders to leave out of the grid, e.g. to fit a time limit",
     )
+    parser.add_argument(
+        "--sampling",
+        default=GREEDY,
+        help=f"comma list of {', '.join(MODES)}: the engine's grid rows per mode (HF contenders run greedy only); "
+        "mixed cycles greedy, top-k, top-p and min-p requests, seeded samples every request with its own seed",
+    )
+    parser.add_argument(
+        "--sampled-batch-sizes",
+        type=lambda s: frozenset(int(x) for x in s.split(",")),
+        help="the batch sizes of the sampled rows, e.g. 1,64 (default: every batch size)",
+    )
+    parser.add_argument(
+        "--offline-sampling", default=GREEDY, help=f"comma list of {', '.join(MODES)}: one offline run per mode"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="a step profile per B and sampling mode of the engine's graphs contender (eager without graphs): "
+        "kernels, device and host time per decode step",
+    )
     args = parser.parse_args(argv)
+    try:
+        grid_modes, offline_modes = modes(args.sampling), modes(args.offline_sampling)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.skip <= {ENGINE_EAGER, ENGINE_GRAPHS, HF_EAGER, HF_STATIC}:
         names = ", ".join(repr(n) for n in (ENGINE_EAGER, ENGINE_GRAPHS, HF_EAGER, HF_STATIC))
         parser.error(f"--skip takes only {names}, not {sorted(args.skip)}")
@@ -95,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bandwidth {result['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s")
         save()
     if "grid" in sections or "roofline" in sections:
-        grid = run_grid(target, choice, plan, log, args.isolate, args.skip)
+        sampled = args.sampled_batch_sizes
+        grid = run_grid(target, choice, plan, log, args.isolate, args.skip, grid_modes, args.profile, sampled)
         result["meta"]["skipped"] = sorted(args.skip)
         result["meta"]["isolated"] = grid.pop("isolated")  # the contenders that ran in a child process
         result["grid"] = grid
@@ -104,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         result["roofline"] = run_roofline(result["grid"], plan, result["bandwidth_bytes_per_s"])
         save()
     if device.type == "cuda" and "offline" in sections and plan.offline_requests:
-        result["offline"] = run_offline(target, choice, plan, log)
+        result["offline"] = run_offline(target, choice, plan, log, offline_modes)
         save()
     synchronize(device)
     print_report(result)

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from engine import Engine, SamplingParams
 from engine.driver import StaticDriver
 from oracle.hf import greedy_generation_config
 
 from ..common import ModelChoice, graphs, timed_both
+from .sampling import GREEDY, labelled, request_params
 
 ENGINE_EAGER = "engine eager"
 ENGINE_GRAPHS = "engine cuda-graphs"
@@ -63,15 +63,16 @@ def timed_generate(
     return run
 
 
-def engine_contender(engine: Engine, name: str, use_graphs: bool) -> Contender:
-    driver = StaticDriver(engine)  # reused across calls: finished requests give their rows and pages back
+def engine_contender(driver: StaticDriver, name: str, use_graphs: bool, mode: str = GREEDY) -> Contender:
+    """The engine behind `driver` (one per engine: a newer driver retires the older) sampling as `mode` says."""
+    engine = driver.engine
 
     def generate(prompts: Prompts, n: int) -> Prompts:
         with graphs(engine, use_graphs):
-            gens = driver.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
+            gens = driver.generate(prompts, request_params(mode, [n] * len(prompts)))
         return [g.output_ids for g in gens]
 
-    return Contender(name, timed_generate(generate, engine.device.torch_device))
+    return Contender(labelled(name, mode), timed_generate(generate, engine.device.torch_device))
 
 
 def load_hf(choice: ModelChoice, device: torch.device) -> Any:

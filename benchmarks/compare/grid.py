@@ -10,11 +10,13 @@ import statistics
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from itertools import product
 from typing import Any
 
 import torch
 
 from engine import Engine
+from engine.driver import StaticDriver
 from oracle.target import Target
 
 from ..common import ModelChoice, build_engine, graphs_captured, random_prompts
@@ -32,6 +34,8 @@ from .contenders import (
     timed_generate,
 )
 from .plan import Plan
+from .profile import profile_row
+from .sampling import GREEDY, labelled
 
 
 @dataclass
@@ -54,9 +58,14 @@ def run_grid(
     log: Callable[[str], None],
     isolate: frozenset[str] = frozenset({HF_STATIC}),
     skip: frozenset[str] = frozenset(),
+    modes: tuple[str, ...] = (GREEDY,),
+    profile: bool = False,
+    sampled_batch_sizes: frozenset[int] | None = None,
 ) -> dict[str, Any]:
     """The grid; the HF contenders named in `isolate` run in child processes (IsolatedHF), the rest here, and the
-    contenders named in `skip` not at all."""
+    contenders named in `skip` not at all. Each engine contender runs once per sampling mode, HF greedy only; with
+    `profile`, each mode of the engine's fastest contender (graphs where captured) gets a step profile per B. The
+    sampled modes run at the B in `sampled_batch_sizes` only (None: at every B)."""
     device = target.torch_device
     cuda = device.type == "cuda"
     max_b, n = max(plan.batch_sizes), plan.new_tokens
@@ -69,12 +78,17 @@ def run_grid(
         max_seq_len=plan.prompt_len + n + 1,
     )
     vocab = engine.model_config.vocab_size
-    contenders = [] if ENGINE_EAGER in skip else [engine_contender(engine, ENGINE_EAGER, use_graphs=False)]
+    driver = StaticDriver(engine)  # reused across calls: finished requests give their rows and pages back
+    engines = [] if ENGINE_EAGER in skip else [(ENGINE_EAGER, False)]
     if graphs_captured(engine):
         if ENGINE_GRAPHS not in skip:
-            contenders.append(engine_contender(engine, ENGINE_GRAPHS, use_graphs=True))
+            engines.append((ENGINE_GRAPHS, True))
     elif cuda:
         log("engine: no CUDA graphs were captured; the cuda-graphs row is left out")
+    contenders = [engine_contender(driver, name, on, mode) for name, on in engines for mode in modes]
+    greedy_names = {name for name, _ in engines} | {HF_EAGER, HF_STATIC}
+    profiled = engines[-1:] if profile else []  # graphs where captured, else eager
+    profiles: list[dict[str, Any]] = []
     hf_all: list[tuple[str, int | None]] = [(HF_EAGER, None)] + ([(HF_STATIC, plan.prompt_len + n)] if cuda else [])
     hf_plan = [(name, cache_len) for name, cache_len in hf_all if name not in skip]
     hf = None
@@ -93,18 +107,21 @@ def run_grid(
                 contenders.append(Contender(name, run_hf))
         for b in plan.batch_sizes:
             prompts = random_prompts(b, plan.prompt_len, vocab, seed=b)
+            sampled = sampled_batch_sizes is None or b in sampled_batch_sizes
+            active = [c for c in contenders if sampled or c.name in greedy_names]
+            b_modes = tuple(m for m in modes if sampled or m == GREEDY)
             outputs: dict[str, Prompts] = {}
-            for c in contenders:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
+            for c in active:  # warm-up: compiles, captures, allocator growth; the static compile needs both shapes
                 for times in (c.t_n, c.t_1, c.c_n, c.c_1):
                     times.clear()
                 outputs[c.name] = c.run(prompts, n)[2]
                 c.run(prompts, 1)
             for r in range(plan.repeats):
-                for c in contenders:
+                for c in active:
                     c.measure(prompts, n)
-                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s (1 token: {c.t_1[-1]:.3f}s)" for c in contenders)
+                walls = ", ".join(f"{c.name} {c.t_n[-1]:.3f}s (1 token: {c.t_1[-1]:.3f}s)" for c in active)
                 log(f"B={b} round {r + 1}/{plan.repeats}: {walls}")
-            for c in contenders:
+            for c in active:
                 rows.append(
                     GridRow(
                         b,
@@ -124,7 +141,12 @@ def run_grid(
             for a, ref in checks:
                 if a in outputs and ref in outputs:
                     agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
-    ratios = grid_ratios(contenders_by_batch(rows), n)
+            for (name, on), mode in product(profiled, b_modes):
+                profiles.append(profile_row(engine, b, plan.prompt_len, mode, on, labelled(name, mode)))
+                p = profiles[-1]
+                log(f"B={b} profile {p['method']}: {p['kernels_per_step']} kernels/step, "
+                    f"device {p['device_ms_per_step']} ms, host {p['host_ms_per_step']:.3f} ms")
+    ratios = grid_ratios(contenders_by_batch(rows), n, modes)
     engine_info = {
         "weight_bytes_read": weight_bytes_read(engine),
         "kv_bytes_per_token": kv_bytes_per_token(engine),
@@ -141,6 +163,8 @@ def run_grid(
         "rows": [asdict(r) for r in rows],
         "ratios": ratios,
         "greedy_agreement": agreement,
+        "sampling": list(modes),
+        "profile": profiles,
         "engine": engine_info,
         "isolated": [name for name, _ in hf_plan if name in isolate],
     }
@@ -163,15 +187,18 @@ def contenders_by_batch(rows: list[GridRow]) -> dict[int, dict[str, GridRow]]:
     return out
 
 
-def grid_ratios(by_batch: dict[int, dict[str, GridRow]], n: int) -> list[dict[str, Any]]:
-    """Per B and pair: tokens/s ratio (a over b) and ms/step ratio (a over b), medians of per-round ratios."""
+def grid_ratios(
+    by_batch: dict[int, dict[str, GridRow]], n: int, modes: tuple[str, ...] = (GREEDY,)
+) -> list[dict[str, Any]]:
+    """Per B and pair: tokens/s ratio (a over b) and ms/step ratio (a over b), medians of per-round ratios; each
+    sampled engine row is paired with its greedy row (sampled / greedy)."""
     pairs = [
         (ENGINE_EAGER, HF_EAGER),
         (ENGINE_GRAPHS, HF_EAGER),
         (ENGINE_GRAPHS, HF_STATIC),
         (ENGINE_EAGER, HF_STATIC),
         (ENGINE_GRAPHS, ENGINE_EAGER),
-    ]
+    ] + [(labelled(e, mode), e) for e in (ENGINE_GRAPHS, ENGINE_EAGER) for mode in modes if mode != GREEDY]
     out = []
     for b, rows in by_batch.items():
         for a, ref in pairs:

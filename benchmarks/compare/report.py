@@ -31,6 +31,7 @@ def machine(device: torch.device) -> str:
 def print_report(result: dict[str, Any]) -> None:
     """One table: grid rows, then ratios (a / b: tokens/s ratio, ms/step ratio), roofline and offline rows."""
     from rich.console import Console
+    from rich.markup import escape  # the sampling mode's brackets in a label are not markup
     from rich.table import Table
 
     meta = result["meta"]
@@ -46,14 +47,23 @@ def print_report(result: dict[str, Any]) -> None:
     if grid:
         for r in grid["rows"]:
             table.add_row(
-                "grid", str(r["batch"]), r["method"], f"{r['tokens_per_s']:.1f}", f"{r['ms_per_step']:.3f}",
+                "grid", str(r["batch"]), escape(r["method"]), f"{r['tokens_per_s']:.1f}", f"{r['ms_per_step']:.3f}",
                 f"{r['cpu_ms_per_step']:.3f}" if on_cpu else "", "",
             )
         for q in grid["ratios"]:
+            sampled = q["a"].endswith("]")  # a sampled row over its greedy one
             table.add_row(
-                "ratio", str(q["batch"]), f"{q['a']} / {q['b']}", f"{q['tokens_per_s_ratio']:.2f}x",
+                "ratio", str(q["batch"]), escape(f"{q['a']} / {q['b']}"), f"{q['tokens_per_s_ratio']:.2f}x",
                 f"{q['step_time_ratio']:.2f}x", f"{q['cpu_step_time_ratio']:.2f}x" if on_cpu else "",
-                "median of per-round ratios",
+                "sampled / greedy, median of per-round ratios" if sampled else "median of per-round ratios",
+            )
+        for p in grid["profile"]:
+            kernels, device_ms = p["kernels_per_step"], p["device_ms_per_step"]
+            table.add_row(
+                "profile", str(p["batch"]), escape(f"{p['method']}: per decode step"), "",
+                "" if device_ms is None else f"{device_ms:.3f}", "",
+                ("" if kernels is None else f"{kernels:.0f} kernels, device time in ms/step; ")
+                + f"host {p['host_ms_per_step']:.3f} ms",
             )
         for pair, by_b in grid["greedy_agreement"].items():
             for b, frac in by_b.items():
@@ -66,11 +76,10 @@ def print_report(result: dict[str, Any]) -> None:
                 "roofline", str(r["batch"]), f"{r['method']}: step / floor", "",
                 f"{r['step_ms']:.3f} / {r['floor_ms']:.3f}", "", f"{r['step_over_floor']:.2f}x",
             )
-    off = result.get("offline")
-    if off:
+    for off in result.get("offline", []):
         table.add_row(
-            "offline", str(off["requests"]), "output tokens/s (whole run)", f"{off['output_tokens_per_s']:.0f}", "", "",
-            f"{off['output_tokens']} tokens in {off['seconds']:.1f}s",
+            "offline", str(off["requests"]), escape(f"output tokens/s (whole run) [{off['sampling']}]"),
+            f"{off['output_tokens_per_s']:.0f}", "", "", f"{off['output_tokens']} tokens in {off['seconds']:.1f}s",
         )
     Console(width=200).print(table)
 

@@ -1,0 +1,27 @@
+"""The step profile of a grid row (--profile): device kernels per decode step, their summed device time and the host
+wall time until the step's launch returned, over the same prompts and sampling as the row (common.profile_steps)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, replace
+from typing import Any
+
+from engine import Engine
+
+from ..common import DecodeStep, graphs, profile_steps
+from .sampling import request_params
+
+STEPS = 10  # profiled steps, and as many host-timed ones, per row
+
+
+def profile_row(engine: Engine, bs: int, context: int, mode: str, use_graphs: bool, method: str) -> dict[str, Any]:
+    device = engine.device.torch_device
+    with graphs(engine, use_graphs):
+        harness = DecodeStep(engine, bs, context, seed=bs, params=request_params(mode, [1] * bs))
+        for _ in range(3):  # warm-up: the sampling path's first calls
+            harness.step()
+        host_s = statistics.median(harness.host_step() for _ in range(STEPS))
+        step, _ = profile_steps(harness.step, device, STEPS)
+    engine.release_rows(range(bs))  # the grid's driver maps its rows again
+    return {"batch": bs, "sampling": mode, "method": method, **asdict(replace(step, host_ms_per_step=host_s * 1e3))}
