@@ -75,7 +75,7 @@ def phase_timers(targets: list[tuple[object, str, str]]) -> Iterator[dict[str, f
 
 def graph_device_ms(engine: Engine, bs: int, reps: int = 50) -> float | None:
     """Device time of the captured graph for bs, replayed back to back (None without graphs)."""
-    graph = engine.graph_runner.graphs["greedy"].get(bs)
+    graph = engine.graph_runner.graphs.get("greedy", {}).get(bs)
     if graph is None or not isinstance(engine.device.stream, torch.cuda.Stream):
         return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
