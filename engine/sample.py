@@ -49,6 +49,7 @@ def step_seed(seed: int, position: int) -> int:
 
 
 DrawFn = Callable[[torch.Tensor, "BatchSamplingArgs"], torch.Tensor]
+NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (noise, rows, seeds): fill those rows
 
 
 class BaseSampler(ABC):
@@ -62,11 +63,11 @@ class BaseSampler(ABC):
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
         self._graph_buffers: dict[int, torch.Tensor] = {}
-        self._seeded_noise: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        self._seeded_noise: NoiseFn = _generator_noise_
         if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
             from .sample_triton import seeded_noise_
 
-            self._seeded_noise = seeded_noise_
+            self._seeded_noise = seeded_noise_  # on the device, no host sync: capturable
         if seed is None:
             self.generator.seed()
         else:
@@ -158,8 +159,8 @@ class BaseSampler(ABC):
 
     def graph_modes(self) -> tuple[str, ...]:
         """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
-        drawn by filtered_probs and the seeded noise) where the seeded noise runs on the device."""
-        return ("seeded",) if self._seeded_noise is not None else ()
+        drawn by filtered_probs and the seeded noise) where that noise needs no host (CPU has no graphs: eager)."""
+        return ("seeded",) if self._seeded_noise is not _generator_noise_ or self.device.type == "cpu" else ()
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         sampled_seeds = [seed for seed, greedy in zip(args.row_seeds, args.greedy_rows) if not greedy]
@@ -199,7 +200,7 @@ class BaseSampler(ABC):
         return self._tokens(logits, args, self._graph_draw_fn(mode, static[5]))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
-        if mode != "seeded" or self._seeded_noise is None:
+        if mode != "seeded":
             raise NotImplementedError(f"{type(self).__name__} does not draw in graph mode {mode!r}")
         seeded_noise = self._seeded_noise
 
@@ -233,12 +234,9 @@ class BaseSampler(ABC):
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
         seeded = [(row, seed) for row, seed in enumerate(row_seeds) if seed is not None]
-        if seeded and self._seeded_noise is not None:
+        if seeded:
             rows, seeds = zip(*seeded)
             self._seeded_noise(noise, upload(torch.tensor(rows), self.device), upload(torch.tensor(seeds), self.device))
-        else:
-            for row, seed in seeded:
-                noise[row].exponential_(generator=torch.Generator(device=probs.device).manual_seed(seed))
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod
@@ -379,6 +377,13 @@ class Sampler(BaseSampler):
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
             scores = scores.masked_fill(probs < threshold, float("-inf"))
         return scores.softmax(dim=-1)
+
+
+def _generator_noise_(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor) -> None:
+    """noise[rows[i]] = Exp(1) numbers of a generator seeded with seeds[i] (reads both on the host)."""
+    for row, seed in zip(rows.tolist(), seeds.tolist()):
+        noise[row].exponential_(generator=torch.Generator(device=noise.device).manual_seed(seed))
+        noise[row].clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -188,3 +188,29 @@ def test_the_draw_divides_by_the_noise_hook() -> None:
     logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(3))
     tokens = _draw(NoNoise(torch.device("cpu"), 40, seed=0), logits, [SamplingParams(temperature=1.0)] * 8)
     assert torch.equal(tokens, logits.argmax(dim=-1).int())
+
+
+def test_a_seeded_graph_draw_is_the_eager_draw() -> None:
+    """The 'seeded' graph mode, run eagerly here: a batch's parameters packed into one block (padding rows greedy),
+    loaded, and drawn with every filter applied, give bitwise the tokens sample() draws with only the filters the
+    batch uses (top-k vocab, top-p 1 and min-p 0 change no probability)."""
+    vocab, pad = 48, 3
+    sampler = Sampler(torch.device("cpu"), vocab, seed=1)
+    kinds = [
+        SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=0.9, min_p=0.1), SamplingParams(temperature=1.1, top_k=9, top_p=0.7, min_p=0.02),
+        SamplingParams(temperature=0.8), SamplingParams(),
+    ]
+    params = [p if p.is_greedy else SamplingParams(p.temperature, p.top_k, p.top_p, p.min_p, seed=50 + i)
+              for i, p in enumerate(kinds * 5)]
+    logits = torch.randn(len(params) + pad, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    reqs = [Req([1, 2, 3], i, 2, 1, i, p) for i, p in enumerate(params)]
+    eager = sampler.sample(logits[: len(params)], sampler.prepare(Batch(reqs, "decode")))
+    batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[:pad])
+    batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
+    args = sampler.prepare(batch)
+    assert args.graph_mode == "seeded" and args.graph_params is not None
+    sampler.load_graph_params(args)
+    drawn = sampler.graph_draw(logits, "seeded")
+    assert torch.equal(drawn[: len(params)], eager)
+    assert torch.equal(drawn[len(params):], logits[len(params):].argmax(dim=-1).to(torch.int32))  # padding: greedy
