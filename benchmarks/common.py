@@ -13,7 +13,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +263,18 @@ class StepProfile:
     kernels_per_step: float | None  # device kernels launched per step (memcpy and memset not counted); None on CPU
     device_ms_per_step: float | None  # their summed device time per step; None on CPU
     host_ms_per_step: float | None  # host wall time per step until its launch returned (None: not measured)
+    top_kernels: list[dict[str, Any]] = field(default_factory=list)  # by device time: name, per step count and µs
+
+
+TOP_KERNELS = 15
+
+
+def _top_kernels(kernels: list[Any], steps: int) -> list[dict[str, Any]]:
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:120], []).append(e.time_range.elapsed_us())
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
+    return [{"name": n, "per_step": len(t) / steps, "us_per_step": sum(t) / steps} for n, t in ranked]
 
 
 def profile_steps(step: Callable[[], object], device: torch.device, steps: int) -> tuple[StepProfile, Any]:
@@ -283,7 +295,7 @@ def profile_steps(step: Callable[[], object], device: torch.device, steps: int) 
     ]
     count = len(kernels) / steps if cuda else None
     device_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps if cuda else None
-    return StepProfile(steps, count, device_ms, None), prof
+    return StepProfile(steps, count, device_ms, None, _top_kernels(kernels, steps)), prof
 
 
 # ---- samplers -----------------------------------------------------------------------------------------------------

@@ -146,6 +146,8 @@ def run_grid(
                 p = profiles[-1]
                 log(f"B={b} profile {p['method']}: {p['kernels_per_step']} kernels/step, "
                     f"device {p['device_ms_per_step']} ms, host {p['host_ms_per_step']:.3f} ms")
+                for k in p["top_kernels"][:8]:
+                    log(f"    {k['us_per_step']:8.1f} us {k['per_step']:6.1f}x  {k['name'][:90]}")
     ratios = grid_ratios(contenders_by_batch(rows), n, modes)
     engine_info = {
         "weight_bytes_read": weight_bytes_read(engine),
