@@ -37,7 +37,7 @@ class BatchSamplingArgs:
     uids: list[int] = field(default_factory=list)
     greedy_rows: list[bool] = field(default_factory=list)  # the greedy flags on the host
     graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
-    # int64 [6, padded bs]: greedy, temperature, top_k, top_p, min_p (float64 bits) and the row seeds, for graph_mode
+    # uint8: the parameter block (engine/sample_graph.py) that graph_mode's captured step loads; the row tensors view it
     graph_params: torch.Tensor | None = None
 
 
@@ -99,27 +99,28 @@ class BaseSampler(ABC):
                 self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
             flags, ones = self._greedy_rows[len(reqs)]
             return BatchSamplingArgs(True, flags, ones, None, 0, None, None, row_seeds, uids)
-        ks = [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params]
-        filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]
+        # One upload per batch: the row tensors are views of the parameter block a captured draw reads too.
+        pad = batch.padded_size - batch.size
+        block = upload(sample_graph.pack(params, row_seeds, pad, self.vocab_size), self.device)
+        rows = sample_graph.unpack(block, len(reqs))
+        filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
         use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
         args = BatchSamplingArgs(
             all_greedy=all_greedy,
-            greedy=to_dev(greedy, torch.bool),
-            temperature=to_dev([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
-            top_k=to_dev(ks, torch.int64) if filtering_ks else None,
+            greedy=rows.greedy,
+            temperature=rows.temperature,
+            top_k=rows.top_k if filtering_ks else None,
             top_k_max=max(filtering_ks, default=0),
-            top_p=to_dev([p.top_p for p in params], torch.float64) if use_p else None,
-            min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
+            top_p=rows.top_p if use_p else None,
+            min_p=rows.min_p if use_min_p else None,
             row_seeds=row_seeds,
             uids=uids,
             greedy_rows=greedy,
         )
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
-            if args.graph_mode is not None:
-                block = sample_graph.pack(params, row_seeds, batch.padded_size - batch.size, self.vocab_size)
-                args.graph_params = upload(block, self.device)
+            args.graph_params = block if args.graph_mode is not None else None
         return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -171,10 +172,10 @@ class BaseSampler(ABC):
     def graph_draw(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
         """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded. Every
         filter is applied (top-k vocab, top-p 1 and min-p 0 leave a row as it is), so one step serves any mix."""
-        greedy, temperature, top_k, top_p, min_p, seeds = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
-        args = BatchSamplingArgs(False, greedy, temperature, top_k, self.vocab_size, top_p, min_p,
-                                 [None] * logits.shape[0])
-        return self._tokens(logits, args, self._graph_draw_fn(mode, seeds))
+        rows = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
+        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k, self.vocab_size, rows.top_p,
+                                 rows.min_p, [None] * logits.shape[0])
+        return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
         if mode != "seeded":
