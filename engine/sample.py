@@ -338,23 +338,35 @@ class Sampler(BaseSampler):
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
-        if args.top_k is not None:
-            # Only the k-th largest value matters: a topk as wide as the largest k replaces a full-vocab sort.
-            width = args.top_k_max
-            kth = scores.topk(width, dim=-1).values.gather(1, (args.top_k.clamp(max=width) - 1).unsqueeze(1))
-            kth = kth.masked_fill((args.top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
-            scores = scores.masked_fill(scores < kth, float("-inf"))
         if args.top_p is not None:
-            values, order = scores.sort(dim=-1, stable=True)
-            cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1.0 - args.top_p).float().unsqueeze(1)
-            remove[:, -1] = False
-            scores = scores.masked_fill(torch.zeros_like(remove).scatter_(1, order, remove), float("-inf"))
+            scores = _top_k_top_p(scores, args.top_k, args.top_p)
+        elif args.top_k is not None:
+            scores = _top_k(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
             probs = scores.softmax(dim=-1)
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
             scores = scores.masked_fill(probs < threshold, float("-inf"))
         return scores.softmax(dim=-1)
+
+
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
+    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
+    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
+    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> torch.Tensor:
+    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into."""
+    values, order = scores.sort(dim=-1, stable=True)
+    if top_k is not None:
+        kth = values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1))
+        values = values.masked_fill(values < kth, float("-inf"))
+    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1.0 - top_p).float().unsqueeze(1)
+    remove[:, -1] = False  # the top token always stays
+    return torch.empty_like(scores).scatter_(1, order, values.masked_fill(remove, float("-inf")))
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
