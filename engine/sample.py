@@ -149,11 +149,12 @@ class BaseSampler(ABC):
         self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None
     ) -> torch.Tensor:
         """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
-        bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
-        argmax = logits.argmax(dim=-1)
-        sampled = (draw or self.draw)(_stand_in(logits, bad), args)
+        top, argmax = logits.max(dim=-1)  # one pass: max(dim) gives the first index of the max, as argmax does
+        finite = (top / args.temperature).abs() < float("inf")  # False on NaN too
+        # A row with nothing to sample draws from zeros (its token is discarded), so no filter sees NaN or inf.
+        sampled = (draw or self.draw)(torch.where(finite.unsqueeze(1), logits, 0.0), args)
         tokens = torch.where(args.greedy, argmax, sampled)
-        return torch.where(bad, -1, tokens).to(torch.int32)
+        return torch.where(finite, tokens, -1).to(torch.int32)
 
     def graph_modes(self) -> tuple[str, ...]:
         """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
@@ -364,9 +365,9 @@ def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.
         kth = values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1))
         values = values.masked_fill(values < kth, float("-inf"))
     cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1.0 - top_p).float().unsqueeze(1)
-    remove[:, -1] = False  # the top token always stays
-    return torch.empty_like(scores).scatter_(1, order, values.masked_fill(remove, float("-inf")))
+    cut = (1.0 - top_p).float().unsqueeze(1)
+    values[:, :-1].masked_fill_(cumulative[:, :-1] <= cut, float("-inf"))  # the top token always stays
+    return torch.empty_like(scores).scatter_(1, order, values)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -382,12 +383,6 @@ def no_draws() -> None:
 def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: torch.Tensor) -> torch.Tensor:
     one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
-
-
-def _stand_in(logits: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-    one_hot = torch.full_like(logits[:1], float("-inf"))
-    one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
-    return torch.where(bad.unsqueeze(1), one_hot, logits)
 
 
 def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
