@@ -237,3 +237,32 @@ def test_prepare_rows_are_the_parameters_as_hf_reads_them() -> None:
     assert torch.equal(padded.greedy[4:], torch.tensor([True, True])) and torch.equal(padded.seeds[4:], torch.zeros(2))
     assert torch.equal(padded.top_k[4:], torch.full((2,), vocab))
     assert args.row_seeds[1] is None and padded.seeds[0] == args.row_seeds[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_top_k_off_the_sorted_row_is_top_k_by_topk(device: str) -> None:
+    """With top-p on, top-k's k-th largest score is read off top-p's stable sort; without, a topk as wide as the
+    largest k gives it. On rows full of ties and -inf, with k from 1 to vocab, both (top-p 1 leaving every row as
+    it is) and the captured draw's form (every filter on) give bitwise the same probabilities."""
+    vocab, bs = 37, 24
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randint(-4, 4, (bs, vocab), generator=gen).float()
+    logits[torch.rand(bs, vocab, generator=gen) < 0.2] = float("-inf")
+    logits[:, 5] = 1.0  # a finite max on every row
+    top_k = torch.tensor([1, 2, 3, 5, 8, vocab - 1, vocab, vocab] * 3)
+    temperature = torch.rand(bs, generator=gen) + 0.5
+    sampler = Sampler(torch.device(device), vocab, seed=0)
+
+    def probs(k: torch.Tensor, width: int, top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> torch.Tensor:
+        args = BatchSamplingArgs(False, torch.zeros(bs, dtype=torch.bool), temperature, k, width, top_p, min_p,
+                                 [None] * bs)
+        args = BatchSamplingArgs(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
+                                    for name, value in vars(args).items()})
+        return sampler.filtered_probs(logits.to(device), args).cpu()
+
+    by_topk = probs(top_k, int(top_k[top_k < vocab].max()), None, None)
+    assert torch.equal(probs(top_k, vocab, torch.ones(bs, dtype=torch.float64), None), by_topk)
+    assert torch.equal(probs(top_k, vocab, torch.ones(bs, dtype=torch.float64), torch.zeros(bs)), by_topk)
+    assert torch.equal((by_topk > 0).sum(dim=-1) >= top_k.clamp(max=(logits > float("-inf")).sum(dim=-1)),
+                       torch.ones(bs, dtype=torch.bool))  # ties with the k-th stay
