@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,7 +68,7 @@ class BaseSampler(ABC):
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        self._greedy_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._greedy_rows: dict[int, sample_graph.Rows] = {}
 
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed`."""
@@ -88,36 +88,24 @@ class BaseSampler(ABC):
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
         all_greedy = all(greedy)
-
-        def to_dev(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
-            return upload(torch.tensor(values, dtype=dtype), self.device)
-
         row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
         uids = [r.uid for r in reqs]
-        if all_greedy:  # the row tensors are never read: share one set per batch size
+        if all_greedy:  # the row tensors are never read: share one block of greedy rows per batch size
             if len(reqs) not in self._greedy_rows:
-                self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
-            flags, ones = self._greedy_rows[len(reqs)]
-            return BatchSamplingArgs(True, flags, ones, None, 0, None, None, row_seeds, uids)
+                self._greedy_rows[len(reqs)] = sample_graph.unpack(
+                    sample_graph.upload_block([], [], len(reqs), self.vocab_size, self.device))
+            rows = self._greedy_rows[len(reqs)]
+            return BatchSamplingArgs(True, rows.greedy, rows.temperature, None, 0, None, None, row_seeds, uids)
         # One upload per batch: the row tensors are views of the parameter block a captured draw reads too.
         pad = batch.padded_size - batch.size
-        block = upload(sample_graph.pack(params, row_seeds, pad, self.vocab_size), self.device)
+        block = sample_graph.upload_block(params, row_seeds, pad, self.vocab_size, self.device)
         rows = sample_graph.unpack(block, len(reqs))
         filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
         use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
-        args = BatchSamplingArgs(
-            all_greedy=all_greedy,
-            greedy=rows.greedy,
-            temperature=rows.temperature,
-            top_k=rows.top_k if filtering_ks else None,
-            top_k_max=max(filtering_ks, default=0),
-            top_p=rows.top_p if use_p else None,
-            min_p=rows.min_p if use_min_p else None,
-            row_seeds=row_seeds,
-            uids=uids,
-            greedy_rows=greedy,
-        )
+        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if filtering_ks else None,
+                                 max(filtering_ks, default=0), rows.top_p if use_p else None,
+                                 rows.min_p if use_min_p else None, row_seeds, uids, greedy)
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
             args.graph_params = block if args.graph_mode is not None else None

@@ -42,6 +42,12 @@ def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad:
     return torch.cat([torch.tensor(column, dtype=dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])
 
 
+def upload_block(
+    params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int, device: torch.device
+) -> torch.Tensor:
+    return upload(pack(params, row_seeds, pad, vocab), device)
+
+
 def unpack(block: torch.Tensor, bs: int | None = None) -> Rows:
     """The first bs rows (all by default) of each segment, as views."""
     padded = block.numel() // ROW_BYTES
@@ -62,7 +68,7 @@ class StaticParams:
 
     def block(self, bs: int) -> torch.Tensor:
         if bs not in self._blocks:
-            self._blocks[bs] = upload(pack([], [], bs, self.vocab), self.device)
+            self._blocks[bs] = upload_block([], [], bs, self.vocab, self.device)
         return self._blocks[bs]
 
     def load(self, block: torch.Tensor) -> None:
