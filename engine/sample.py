@@ -139,8 +139,7 @@ class BaseSampler(ABC):
         """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
         top, argmax = logits.max(dim=-1)  # one pass: max(dim) gives the first index of the max, as argmax does
         finite = (top / args.temperature).abs() < float("inf")  # False on NaN too
-        # A row with nothing to sample draws from zeros (its token is discarded), so no filter sees NaN or inf.
-        sampled = (draw or self.draw)(torch.where(finite.unsqueeze(1), logits, 0.0), args)
+        sampled = (draw or self.draw)(_stand_in(logits, finite), args)
         tokens = torch.where(args.greedy, argmax, sampled)
         return torch.where(finite, tokens, -1).to(torch.int32)
 
@@ -371,6 +370,13 @@ def no_draws() -> None:
 def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: torch.Tensor) -> torch.Tensor:
     one_hot = torch.zeros_like(filtered).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
+
+
+def _stand_in(logits: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """A row with nothing to sample draws from a one-hot (its token is discarded): no filter or kernel sees NaN."""
+    one_hot = torch.full_like(logits[:1], float("-inf"))
+    one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
+    return torch.where(finite.unsqueeze(1), logits, one_hot)
 
 
 def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
