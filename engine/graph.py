@@ -122,7 +122,8 @@ class GraphRunner:
         self.inputs[: host.numel()].copy_(host, non_blocking=True)
 
     def replay(self, batch: Batch, mode: Mode) -> StepOutputs:
-        """Logits and tokens come back as copies; payload and inputs are valid until the next replay of this size."""
+        """The batch's rows of logits and tokens come back as copies (the caller may hold them for any number of later
+        steps; padding rows are left out); payload and inputs are valid until the next replay of this size."""
         bs = batch.padded_size
         graph = self.graphs.get(mode, {}).get(bs)
         if graph is None or self._backend is None:
@@ -131,8 +132,9 @@ class GraphRunner:
         self._backend.prepare_for_replay(batch)
         graph.replay()
         out = self.outputs[mode][bs]
-        tokens = out.tokens.clone() if out.tokens is not None else None
-        return StepOutputs(out.logits.clone(), out.inputs, tokens, out.payload)
+        n = batch.size
+        tokens = out.tokens[:n].clone() if out.tokens is not None else None
+        return StepOutputs(out.logits[:n].clone(), out.inputs, tokens, out.payload)
 
     def destroy(self) -> None:
         self.graphs.clear()

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,7 +37,7 @@ class BatchSamplingArgs:
     uids: list[int] = field(default_factory=list)
     greedy_rows: list[bool] = field(default_factory=list)  # the greedy flags on the host
     graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
-    # int64 [6, padded bs]: greedy, temperature, top_k, top_p, min_p (float64 bits) and the row seeds, for graph_mode
+    # uint8: the parameter block (engine/sample_graph.py) that graph_mode's captured step loads; the row tensors view it
     graph_params: torch.Tensor | None = None
 
 
@@ -68,7 +68,7 @@ class BaseSampler(ABC):
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        self._greedy_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._greedy_rows: dict[int, sample_graph.Rows] = {}
 
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed`."""
@@ -88,38 +88,27 @@ class BaseSampler(ABC):
         params = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in params]
         all_greedy = all(greedy)
-
-        def to_dev(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
-            return upload(torch.tensor(values, dtype=dtype), self.device)
-
         row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
         uids = [r.uid for r in reqs]
-        if all_greedy:  # the row tensors are never read: share one set per batch size
+        if all_greedy:  # the row tensors are never read: share one block of greedy rows per batch size
             if len(reqs) not in self._greedy_rows:
-                self._greedy_rows[len(reqs)] = (to_dev(greedy, torch.bool), to_dev([1.0] * len(reqs), torch.float32))
-            flags, ones = self._greedy_rows[len(reqs)]
-            return BatchSamplingArgs(True, flags, ones, None, 0, None, None, row_seeds, uids)
-        ks = [min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size for p in params]
-        filtering_ks = [k for k, g in zip(ks, greedy) if not g and k < self.vocab_size]
+                self._greedy_rows[len(reqs)] = sample_graph.unpack(
+                    sample_graph.upload_block([], [], len(reqs), self.vocab_size, self.device))
+            rows = self._greedy_rows[len(reqs)]
+            return BatchSamplingArgs(True, rows.greedy, rows.temperature, None, 0, None, None, row_seeds, uids)
+        # One upload per batch: the row tensors are views of the parameter block a captured draw reads too.
+        pad = batch.padded_size - batch.size
+        block = sample_graph.upload_block(params, row_seeds, pad, self.vocab_size, self.device)
+        rows = sample_graph.unpack(block, len(reqs))
+        filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
         use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
         use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
-        args = BatchSamplingArgs(
-            all_greedy=all_greedy,
-            greedy=to_dev(greedy, torch.bool),
-            temperature=to_dev([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
-            top_k=to_dev(ks, torch.int64) if filtering_ks else None,
-            top_k_max=max(filtering_ks, default=0),
-            top_p=to_dev([p.top_p for p in params], torch.float64) if use_p else None,
-            min_p=to_dev([p.min_p for p in params], torch.float32) if use_min_p else None,
-            row_seeds=row_seeds,
-            uids=uids,
-            greedy_rows=greedy,
-        )
+        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if filtering_ks else None,
+                                 max(filtering_ks, default=0), rows.top_p if use_p else None,
+                                 rows.min_p if use_min_p else None, row_seeds, uids, greedy)
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
-            if args.graph_mode is not None:
-                block = sample_graph.pack(params, row_seeds, batch.padded_size - batch.size, self.vocab_size)
-                args.graph_params = upload(block, self.device)
+            args.graph_params = block if args.graph_mode is not None else None
         return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -148,11 +137,11 @@ class BaseSampler(ABC):
         self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None
     ) -> torch.Tensor:
         """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
-        bad = ~(logits.amax(dim=-1) / args.temperature).isfinite()
-        argmax = logits.argmax(dim=-1)
-        sampled = (draw or self.draw)(_stand_in(logits, bad), args)
+        top, argmax = logits.max(dim=-1)  # one pass: max(dim) gives the first index of the max, as argmax does
+        finite = (top / args.temperature).abs() < float("inf")  # False on NaN too
+        sampled = (draw or self.draw)(_stand_in(logits, finite), args)
         tokens = torch.where(args.greedy, argmax, sampled)
-        return torch.where(bad, -1, tokens).to(torch.int32)
+        return torch.where(finite, tokens, -1).to(torch.int32)
 
     def graph_modes(self) -> tuple[str, ...]:
         """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
@@ -171,10 +160,10 @@ class BaseSampler(ABC):
     def graph_draw(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
         """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded. Every
         filter is applied (top-k vocab, top-p 1 and min-p 0 leave a row as it is), so one step serves any mix."""
-        greedy, temperature, top_k, top_p, min_p, seeds = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
-        args = BatchSamplingArgs(False, greedy, temperature, top_k, self.vocab_size, top_p, min_p,
-                                 [None] * logits.shape[0])
-        return self._tokens(logits, args, self._graph_draw_fn(mode, seeds))
+        rows = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
+        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k, self.vocab_size, rows.top_p,
+                                 rows.min_p, [None] * logits.shape[0])
+        return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
         if mode != "seeded":
@@ -337,23 +326,35 @@ class Sampler(BaseSampler):
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
-        if args.top_k is not None:
-            # Only the k-th largest value matters: a topk as wide as the largest k replaces a full-vocab sort.
-            width = args.top_k_max
-            kth = scores.topk(width, dim=-1).values.gather(1, (args.top_k.clamp(max=width) - 1).unsqueeze(1))
-            kth = kth.masked_fill((args.top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
-            scores = scores.masked_fill(scores < kth, float("-inf"))
         if args.top_p is not None:
-            values, order = scores.sort(dim=-1, stable=True)
-            cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1.0 - args.top_p).float().unsqueeze(1)
-            remove[:, -1] = False
-            scores = scores.masked_fill(torch.zeros_like(remove).scatter_(1, order, remove), float("-inf"))
+            scores = _top_k_top_p(scores, args.top_k, args.top_p)
+        elif args.top_k is not None:
+            scores = _top_k(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
             probs = scores.softmax(dim=-1)
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
             scores = scores.masked_fill(probs < threshold, float("-inf"))
         return scores.softmax(dim=-1)
+
+
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
+    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
+    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
+    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> torch.Tensor:
+    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into."""
+    values, order = scores.sort(dim=-1, stable=True)
+    if top_k is not None:
+        kth = values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1))
+        values = values.masked_fill(values < kth, float("-inf"))
+    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
+    cut = (1.0 - top_p).float().unsqueeze(1)
+    values[:, :-1].masked_fill_(cumulative[:, :-1] <= cut, float("-inf"))  # the top token always stays
+    return torch.empty_like(scores).scatter_(1, order, values)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -371,10 +372,11 @@ def with_greedy_rows(logits: torch.Tensor, args: BatchSamplingArgs, filtered: to
     return torch.where(args.greedy.unsqueeze(1), one_hot, filtered)
 
 
-def _stand_in(logits: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+def _stand_in(logits: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """A row with nothing to sample draws from a one-hot (its token is discarded): no filter or kernel sees NaN."""
     one_hot = torch.full_like(logits[:1], float("-inf"))
     one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
-    return torch.where(bad.unsqueeze(1), one_hot, logits)
+    return torch.where(finite.unsqueeze(1), logits, one_hot)
 
 
 def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:

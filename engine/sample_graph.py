@@ -1,36 +1,62 @@
-"""The parameter block of a sampled batch drawn inside a captured decode step: one int64 [6, padded bs] tensor
-(greedy, temperature, top-k, top-p and min-p as float64 bits, then the row seeds) packed on the host at prepare,
-copied into the static buffer of its size before the replay, and read there as tensors, padding rows greedy."""
+"""The parameter block of a sampled batch: one uint8 tensor packed on the host at prepare and uploaded once, whose
+segments (top-k, top-p, seeds, temperature, min-p, greedy, each [padded bs] of its own dtype) are read as views, so
+the batch's per-row tensors and the captured step's parameters cost no kernel; for a graph batch it is copied into
+the static buffer of its size before the replay, padding rows greedy."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from .core import SamplingParams
 from .device import upload
 
+# Widest dtype first, so every segment starts aligned to its element size.
+_DTYPES = (torch.int64, torch.float64, torch.int64, torch.float32, torch.float32, torch.bool)
+ROW_BYTES = sum(dtype.itemsize for dtype in _DTYPES)
 
-def _floats(rows: list[tuple[float, ...]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float64).T.contiguous().view(torch.int64)
 
+class Rows(NamedTuple):
+    """A block's per-row tensors, views of it: top_k is vocab on rows without top-k, seeds 0 on unseeded rows."""
 
-def _greedy_row(vocab: int) -> tuple[float, ...]:
-    return (1.0, 1.0, float(vocab), 1.0, 0.0)  # every filter off
+    top_k: torch.Tensor  # int64
+    top_p: torch.Tensor  # float64: the cut 1 - top_p is taken in double and then rounded, as HF does
+    seeds: torch.Tensor  # int64
+    temperature: torch.Tensor  # float32; 1.0 on greedy rows
+    min_p: torch.Tensor  # float32
+    greedy: torch.Tensor  # bool
 
 
 def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int) -> torch.Tensor:
-    rows = [(float(p.is_greedy), 1.0 if p.is_greedy else p.temperature, p.top_k if 0 < p.top_k < vocab else vocab,
-             p.top_p, p.min_p) for p in params]
-    seeds = torch.tensor([[seed or 0 for seed in row_seeds] + [0] * pad])
-    return torch.cat([_floats(rows + [_greedy_row(vocab)] * pad), seeds])
+    """uint8 [ROW_BYTES * (len(params) + pad)] on the host; the pad rows are greedy with every filter off."""
+    columns = (
+        [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
+        [p.top_p for p in params] + [1.0] * pad,
+        [seed or 0 for seed in row_seeds] + [0] * pad,
+        [1.0 if p.is_greedy else p.temperature for p in params] + [1.0] * pad,
+        [p.min_p for p in params] + [0.0] * pad,
+        [p.is_greedy for p in params] + [True] * pad,
+    )
+    return torch.cat([torch.tensor(column, dtype=dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])
 
 
-def unpack(block: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(greedy bool, temperature float32, top_k int64, top_p float64, min_p float32, seeds int64), each [bs]."""
-    p = block[:5].view(torch.float64)
-    return p[0] > 0.5, p[1].float(), p[2].long(), p[3], p[4].float(), block[5]
+def upload_block(
+    params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int, device: torch.device
+) -> torch.Tensor:
+    return upload(pack(params, row_seeds, pad, vocab), device)
+
+
+def unpack(block: torch.Tensor, bs: int | None = None) -> Rows:
+    """The first bs rows (all by default) of each segment, as views."""
+    padded = block.numel() // ROW_BYTES
+    segments, start = [], 0
+    for dtype in _DTYPES:
+        end = start + padded * dtype.itemsize
+        segments.append(block[start:end].view(dtype)[:bs])
+        start = end
+    return Rows(*segments)
 
 
 class StaticParams:
@@ -42,9 +68,8 @@ class StaticParams:
 
     def block(self, bs: int) -> torch.Tensor:
         if bs not in self._blocks:
-            greedy = torch.cat([_floats([_greedy_row(self.vocab)] * bs), torch.zeros(1, bs, dtype=torch.int64)])
-            self._blocks[bs] = upload(greedy, self.device)
+            self._blocks[bs] = upload_block([], [], bs, self.vocab, self.device)
         return self._blocks[bs]
 
     def load(self, block: torch.Tensor) -> None:
-        self.block(block.shape[1]).copy_(block, non_blocking=True)
+        self.block(block.numel() // ROW_BYTES).copy_(block, non_blocking=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from engine import Batch, NonFiniteLogitsError, Req, SamplingParams
+from engine import Batch, NonFiniteLogitsError, Req, SamplingParams, sample_graph
 from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
 from oracle.checks import check_filtered_distribution
 from oracle.sampler import reference_distribution
@@ -214,3 +214,55 @@ def test_a_seeded_graph_draw_is_the_eager_draw() -> None:
     drawn = sampler.graph_draw(logits, "seeded")
     assert torch.equal(drawn[: len(params)], eager)
     assert torch.equal(drawn[len(params):], logits[len(params):].argmax(dim=-1).to(torch.int32))  # padding: greedy
+
+
+def test_prepare_rows_are_the_parameters_as_hf_reads_them() -> None:
+    """prepare uploads one parameter block and hands out views of it: temperature and min-p rounded to float32, top-p
+    kept in double, top-k vocab where it filters nothing, greedy rows at temperature 1; padding rows greedy."""
+    vocab = 40
+    params = [SamplingParams(temperature=0.7, top_k=5, top_p=0.3, min_p=0.1, seed=3), SamplingParams(),
+              SamplingParams(temperature=1.3, top_k=vocab + 2, seed=4), SamplingParams(temperature=0.9, seed=5)]
+    reqs = [Req([1, 2, 3], i, 2, 1, i, p) for i, p in enumerate(params)]
+    batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[:2])
+    batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
+    args = Sampler(torch.device("cpu"), vocab, seed=0).prepare(batch)
+    assert torch.equal(args.greedy, torch.tensor([False, True, False, False]))
+    assert torch.equal(args.temperature, torch.tensor([0.7, 1.0, 1.3, 0.9], dtype=torch.float32))
+    assert args.top_k is not None and torch.equal(args.top_k, torch.tensor([5, vocab, vocab, vocab]))
+    assert args.top_k_max == 5
+    assert args.top_p is not None and torch.equal(args.top_p, torch.tensor([0.3, 1.0, 1.0, 1.0], dtype=torch.float64))
+    assert args.min_p is not None and torch.equal(args.min_p, torch.tensor([0.1, 0.0, 0.0, 0.0], dtype=torch.float32))
+    assert args.graph_mode == "seeded" and args.graph_params is not None
+    padded = sample_graph.unpack(args.graph_params)
+    assert torch.equal(padded.greedy[4:], torch.tensor([True, True])) and torch.equal(padded.seeds[4:], torch.zeros(2))
+    assert torch.equal(padded.top_k[4:], torch.full((2,), vocab))
+    assert args.row_seeds[1] is None and padded.seeds[0] == args.row_seeds[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_top_k_off_the_sorted_row_is_top_k_by_topk(device: str) -> None:
+    """With top-p on, top-k's k-th largest score is read off top-p's stable sort; without, a topk as wide as the
+    largest k gives it. On rows full of ties and -inf, with k from 1 to vocab, both (top-p 1 leaving every row as
+    it is) and the captured draw's form (every filter on) give bitwise the same probabilities."""
+    vocab, bs = 37, 24
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randint(-4, 4, (bs, vocab), generator=gen).float()
+    logits[torch.rand(bs, vocab, generator=gen) < 0.2] = float("-inf")
+    logits[:, 5] = 1.0  # a finite max on every row
+    top_k = torch.tensor([1, 2, 3, 5, 8, vocab - 1, vocab, vocab] * 3)
+    temperature = torch.rand(bs, generator=gen) + 0.5
+    sampler = Sampler(torch.device(device), vocab, seed=0)
+
+    def probs(k: torch.Tensor, width: int, top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> torch.Tensor:
+        args = BatchSamplingArgs(False, torch.zeros(bs, dtype=torch.bool), temperature, k, width, top_p, min_p,
+                                 [None] * bs)
+        args = BatchSamplingArgs(**{name: value.to(device) if isinstance(value, torch.Tensor) else value
+                                    for name, value in vars(args).items()})
+        return sampler.filtered_probs(logits.to(device), args).cpu()
+
+    by_topk = probs(top_k, int(top_k[top_k < vocab].max()), None, None)
+    assert torch.equal(probs(top_k, vocab, torch.ones(bs, dtype=torch.float64), None), by_topk)
+    assert torch.equal(probs(top_k, vocab, torch.ones(bs, dtype=torch.float64), torch.zeros(bs)), by_topk)
+    assert torch.equal((by_topk > 0).sum(dim=-1) >= top_k.clamp(max=(logits > float("-inf")).sum(dim=-1)),
+                       torch.ones(bs, dtype=torch.bool))  # ties with the k-th stay

@@ -17,6 +17,7 @@ from gpu_support import needs_flashinfer
 
 from engine import Batch, Req, SamplingParams
 from engine.sample import BatchSamplingArgs, Sampler
+from engine.sample_graph import ROW_BYTES
 from oracle.sampler import reference_distribution
 from oracle.stats import AlphaBudget, chi_square_gof, support_check
 
@@ -84,7 +85,7 @@ def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
     batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
     args = sampler.prepare(batch)
     assert args.graph_mode == "draw"
-    assert args.graph_params is not None and args.graph_params.shape == (6, len(params) + pad)
+    assert args.graph_params is not None and args.graph_params.shape == (ROW_BYTES * (len(params) + pad),)
     logits = torch.cat([torch.stack([rows[r % len(MIXED)] for r in range(len(params))]), rows[0].expand(pad, -1)])
     logits = logits.cuda()
     sampler.load_graph_params(args)
