@@ -1,7 +1,7 @@
-"""The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, its fusion with the KV store,
-SiLU-and-mul, KV store) behind
-LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch' runs HF's op sequence (the
-reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a small-batch GEMV.
+"""The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store, and q/k
+norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
+runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
+small-batch GEMV.
 """
 
 from __future__ import annotations

@@ -195,7 +195,6 @@ def store_kv(
         )
 
 
-
 @triton.jit
 def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
