@@ -105,7 +105,7 @@ def test_store_kv(benchmark, target_for: TargetFor, device: str, tokens: int) ->
     out_loc = torch.randperm(16384, generator=gen)[:tokens].to(dev, torch.int32)
 
     def run() -> None:
-        pool.store_kv(k, v, out_loc, 0, TORCH_KERNELS)
+        TORCH_KERNELS.store_kv(pool.k_slots(0), pool.v_slots(0), k, v, out_loc)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 

@@ -31,8 +31,8 @@ class ExampleAttnBackend(TorchAttnBackend):
         super().__init__(kv_cache, page_table, num_qo_heads)
         self.scale = 1.0 + float(os.environ.get(BUG_ENV, "0") or 0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
-        out = super().forward(q, k, v, layer_id, ctx)
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
+        out = super().forward(q, layer_id, ctx)
         return out if self.scale == 1.0 else out * self.scale
 
 

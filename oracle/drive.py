@@ -3,8 +3,8 @@
 Engines are built once per configuration (EnginePool, on the session's target) and shared by the examples of a
 session. Each run gets a fresh StaticDriver, so no schedule state carries over. KV left in the pool by earlier runs
 is never read: a request attends only to slots [0, device_len) of its own page-table row, and writes each of them
-(store_kv runs before the gather in every layer) before any read. Stale KV is in fact part of what is tested: runs
-reuse pages that earlier examples and churn requests filled.
+(every layer stores its new K/V before its backend reads the pool) before any read. Stale KV is in fact part of what
+is tested: runs reuse pages that earlier examples and churn requests filled.
 
 Long sequences: a minority of the examples add one long request (add_long_request: a prompt at a kernel tile or page
 edge past 64 tokens, half the time past 256) and run on engines of LONG_SEQ_LEN; the others keep the small engines

@@ -1,7 +1,8 @@
 """Op-level properties of the layer kernels: each LayerKernels method of the target, called alone on drawn
 boundary inputs (widths each side of block edges, subnormal to near-overflow magnitudes, strided rows, positions at
-the end of the RoPE table, KV slots past 2**31 elements), against HF's op sequence (oracle/ops/layers.py states
-each contract), inside guard regions, with the implementation that ran recorded (marker ``kernel``)."""
+the end of the RoPE table, KV slots past 2**31 elements, GQA head counts), against HF's op sequence
+(oracle/ops/layers.py states each contract), inside guard regions, with the implementation that ran recorded (marker
+``kernel``)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,18 @@ def test_store_kv(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
     exercised(BIG, case.big or not big_ok)
     layers.check_store_kv(op_bench, case)
+
+
+FUSED_NORM = "norm_rope_store: with q/k norms"
+FUSED_BIG = "norm_rope_store: slots past 2**31 elements (where memory allows two such pools)"
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+@floors({FUSED_NORM: 0.2, FUSED_BIG: 0.1})
+def test_norm_rope_store(data: st.DataObject, op_bench: Bench) -> None:
+    big_ok = layers.big_pools_fit(op_bench.device)
+    case = data.draw(layers.rope_store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
+    exercised(FUSED_NORM, case.q_norm is not None)
+    exercised(FUSED_BIG, case.store.big or not big_ok)
+    layers.check_norm_rope_store(op_bench, case)

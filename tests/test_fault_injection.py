@@ -59,9 +59,9 @@ def _in_layer(engine: Engine, mp: pytest.MonkeyPatch) -> None:
 
 
 def _after_kv_write(engine: Engine, mp: pytest.MonkeyPatch) -> None:
-    # Layer 1's attention stores its KV, then fails: both layers wrote the batch's new slots.
+    # Layer 1 stores its KV and attends, then fails: both layers wrote the batch's new slots.
     backend = engine.attn_backend
-    mp.setattr(backend, "forward", fail_once(backend.forward, when=lambda *a: a[3] == 1, after=True))
+    mp.setattr(backend, "forward", fail_once(backend.forward, when=lambda *a: a[1] == 1, after=True))
 
 
 def _in_sampler(engine: Engine, mp: pytest.MonkeyPatch) -> None:

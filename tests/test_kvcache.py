@@ -14,17 +14,21 @@ from engine.distributed import TorchDistComm
 from engine.driver import Contiguous, PageLayout, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 from engine.layers.kernels import TORCH_KERNELS
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.config import RopeConfig
 from oracle.ranks import run_ranks
 
 SENTINEL = 12345.0
 
 
-def test_store_kv_writes_only_its_slots() -> None:
+def test_norm_rope_store_writes_only_its_slots() -> None:
     pool = KVCachePool(2, 3, 4, 2, 8, torch.float32, torch.device("cpu"))
-    k = torch.randn(3, 2, 8)
-    v = torch.randn(3, 2, 8)
+    q, k, v = torch.randn(3, 4, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    rope = RotaryEmbedding(8, 16, RopeConfig(theta=1e4), torch.device("cpu")).at(torch.tensor([3, 0, 15]))
     slots = torch.tensor([5, 0, 11])  # page 1 offset 1, page 0 offset 0, page 2 offset 3
-    pool.store_kv(k, v, slots, layer=1, kernels=TORCH_KERNELS)
+    rotated_q = pool.norm_rope_store(TORCH_KERNELS, 1, slots, q, k, v, rope, None, None)
+    assert torch.equal(rotated_q, rope.apply(q))
+    k = rope.apply(k)
     assert torch.equal(pool.k_cache(1)[1, 1], k[0])
     assert torch.equal(pool.k_cache(1)[0, 0], k[1])
     assert torch.equal(pool.v_cache(1)[2, 3], v[2])

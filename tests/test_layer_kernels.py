@@ -70,6 +70,10 @@ class CountingKernels(TorchKernels):
         self.calls["store_kv"] += 1
         return super().store_kv(*args, **kwargs)
 
+    def norm_rope_store(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls["norm_rope_store"] += 1
+        return super().norm_rope_store(*args, **kwargs)
+
 
 
 class CountingStepKernels(TorchStepKernels):
@@ -102,9 +106,10 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     other.shutdown()
     layers = engine.model_config.num_layers
     steps = 3  # one prefill, two decodes
-    # Per layer and step: input and post-attention norms, q and k norm+rope, one MLP, one KV store; plus the final
-    # norm per step; the q/k norms run inside norm_rope (qwen3), through the same kernels; four projections (qkv,
-    # o, gate_up, down: SiLU-and-mul runs inside the gated down_proj); one slot check per step.
+    # Per layer and step: input and post-attention norms, q and k norm+rope with the KV store (one norm_rope_store,
+    # which the reference composes of norm_rope twice and store_kv), one MLP; plus the final norm per step; the q/k
+    # norms run inside norm_rope (qwen3), through the same kernels; four projections (qkv, o, gate_up, down:
+    # SiLU-and-mul runs inside the gated down_proj); one slot check per step.
     assert counting_step.calls == {"slot_check": steps}
     assert counting.calls == {
         "rms_norm": steps * (4 * layers + 1),
@@ -112,6 +117,7 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
         "silu_and_mul": steps * layers,
         "linear": steps * 4 * layers,
         "store_kv": steps * layers,
+        "norm_rope_store": steps * layers,
     }
     assert again == reference == untouched
 

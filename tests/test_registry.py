@@ -126,9 +126,9 @@ class Recording(TorchAttnBackend):
         self.batches.append((batch.phase, batch.padded_size))
         super().prepare_metadata(batch)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         assert self.batches and self.batches[-1] == (ctx.batch.phase, ctx.batch.padded_size)
-        return super().forward(q, k, v, layer_id, ctx)
+        return super().forward(q, layer_id, ctx)
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         self.captured += bs_list

@@ -26,11 +26,9 @@ class BaseAttnBackend(ABC):
         """Build batch.attn_metadata from its requests and batch.table_rows (one per padded request)."""
 
     @abstractmethod
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
-    ) -> torch.Tensor:
-        """Store k, v at ctx.batch.out_loc with ctx.kernels, then attend q over each request's cached + new tokens.
-        q: [tokens, qo_heads, head_dim]; k, v: [tokens, kv_heads, head_dim] → [tokens, qo_heads, head_dim]."""
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
+        """Attend q over each request's cached + new tokens, all already in the KV pool (the layer stored the new ones
+        at ctx.batch.out_loc). q: [tokens, qo_heads, head_dim] → [tokens, qo_heads, head_dim]."""
 
     def describe(self) -> str:
         """Which backend serves which batches, for reports."""

@@ -148,11 +148,8 @@ class FlashInferAttnBackend(BaseAttnBackend):
         self._plan_events[key] = event
         meta.wrapper = wrapper
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         batch = ctx.batch
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, FlashInferMetadata)
         if meta.wrapper is None:

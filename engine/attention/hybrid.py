@@ -46,10 +46,8 @@ class HybridAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         self.backend_for(batch).prepare_metadata(batch)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
-    ) -> torch.Tensor:
-        return self.backend_for(ctx.batch).forward(q, k, v, layer_id, ctx)
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
+        return self.backend_for(ctx.batch).forward(q, layer_id, ctx)
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         for backend, sizes in ((self.decode, [bs for bs in bs_list if self.decodes(bs)]),

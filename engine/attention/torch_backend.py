@@ -52,11 +52,8 @@ class TorchAttnBackend(BaseAttnBackend):
             q_ranges, kv_slots, cached_lens, last.to(self.page_table.device)
         )
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         batch = ctx.batch
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, TorchAttnMetadata)
         k_slots = self.kv_cache.k_slots(layer_id)

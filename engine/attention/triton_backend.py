@@ -48,11 +48,8 @@ class TritonDecodeBackend(BaseAttnBackend):
         bs = batch.padded_size
         batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest), batch.positions + 1)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, ctx: Context
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         batch = ctx.batch
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id, ctx.kernels)
         meta = batch.attn_metadata
         assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
         return self._paged_decode(

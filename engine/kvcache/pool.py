@@ -1,12 +1,17 @@
 """The paged KV pool, one tensor [2, layers, pages, page_size, kv_heads, head_dim]: a slot is ``page * page_size +
-offset``, the last page the dummy's; writes run on the layer kernels the caller passes.
+offset``, the last page the dummy's; writes run on the layer kernels the caller passes, fused with q/k norm + RoPE.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from ..layers.kernels import LayerKernels
+from ..layers.kernels import HeadNorm, LayerKernels
+
+if TYPE_CHECKING:  # rotary imports the models package, which imports the layers
+    from ..layers.rotary import RotaryAt
 
 
 class KVCachePool:
@@ -49,10 +54,12 @@ class KVCachePool:
     def v_slots(self, layer: int) -> torch.Tensor:
         return self.buffer[1, layer].view(-1, self.num_kv_heads, self.head_dim)
 
-    def store_kv(
-        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
-    ) -> None:
-        kernels.store_kv(self.k_slots(layer), self.v_slots(layer), k, v, out_loc)
+    def norm_rope_store(
+        self, kernels: LayerKernels, layer: int, out_loc: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None, k_norm: HeadNorm | None,
+    ) -> torch.Tensor:
+        """A layer's new tokens: q and k normed and rotated, k and v stored at out_loc; the rotated q."""
+        return kernels.norm_rope_store(q, k, v, rope, q_norm, k_norm, self.k_slots(layer), self.v_slots(layer), out_loc)
 
     @staticmethod
     def bytes_per_page(

@@ -1,6 +1,7 @@
-"""The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store) behind
-LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch' runs HF's op sequence (the
-reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a small-batch GEMV.
+"""The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store, and q/k
+norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
+runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
+small-batch GEMV.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ class LayerKernels(ABC):
     ) -> None:
         """k_slots[loc] = k and v_slots[loc] = v; slots [num_slots, kv_heads, head_dim], k, v [tokens, ...]."""
 
+    def norm_rope_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None,
+        k_norm: HeadNorm | None, k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor,
+    ) -> torch.Tensor:
+        """norm_rope of q and of k, then store_kv of the rotated k and v at loc: the rotated q."""
+        q = self.norm_rope(q, rope, q_norm)
+        self.store_kv(k_slots, v_slots, self.norm_rope(k, rope, k_norm), v, loc)
+        return q
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
@@ -114,6 +124,10 @@ class TorchKernels(LayerKernels):
 TORCH_KERNELS = TorchKernels()
 
 
+def _weight_eps(norm: HeadNorm | None) -> tuple[torch.Tensor | None, float]:
+    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+
+
 class TritonKernels(LayerKernels):
     """Fused Triton launches (triton_kernels.py); what they cannot serve falls back to torch (declines)."""
 
@@ -134,8 +148,7 @@ class TritonKernels(LayerKernels):
         return self._k.add_rms_norm(x, residual, weight, eps)
 
     def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
-        weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
-        return self._k.norm_rope(x, rope.positions, rope.table, weight, eps)
+        return self._k.norm_rope(x, rope.positions, rope.table, *_weight_eps(norm))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self._k.silu_and_mul(gate_up)
@@ -147,6 +160,15 @@ class TritonKernels(LayerKernels):
             self._k.store_kv(k_slots, v_slots, k, v, loc)
         else:
             TORCH_KERNELS.store_kv(k_slots, v_slots, k, v, loc)
+
+    def norm_rope_store(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None,
+        k_norm: HeadNorm | None, k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.declines("norm_rope_store", q, k, v, rope, q_norm, k_norm, k_slots, v_slots, loc) is not None:
+            return super().norm_rope_store(q, k, v, rope, q_norm, k_norm, k_slots, v_slots, loc)
+        (qw, q_eps), (kw, k_eps) = _weight_eps(q_norm), _weight_eps(k_norm)
+        return self._k.norm_rope_store(q, k, v, rope.positions, rope.table, qw, q_eps, kw, k_eps, k_slots, v_slots, loc)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
@@ -163,6 +185,8 @@ class TritonKernels(LayerKernels):
     def declines(self, op: str, *args: object) -> str | None:
         if op == "store_kv" and not self._k.store_kv_fits(args[0], args[2], args[3]):
             return "the KV store's tiles need a power-of-two number of kv heads, unit inner strides, a contiguous pool"
+        if op == "norm_rope_store" and not self._k.norm_rope_store_fits(args[0], args[1], args[6], args[7]):
+            return "the fused RoPE + KV store needs q and k in one dtype and unit inner strides in the KV slots"
         if op == "linear" and not self._k.gemv_fits(args[0], args[1], bool(args[3])):
             return "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, row-major weights"
         return None

@@ -44,14 +44,9 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _norm_rope_kernel(
-    x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_table, eps,
-    HAS_NORM: tl.constexpr, HALF: tl.constexpr,
-):
-    t = tl.program_id(0)
-    head = tl.program_id(1)
+def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+    """One head's row at src, normed (HAS_NORM) and rotated to pos: its two halves, in the row's dtype."""
     offs = tl.arange(0, HALF)
-    src = x_ptr + t * stride_xt + head * stride_xh
     x1 = tl.load(src + offs)
     x2 = tl.load(src + HALF + offs)
     dt = x1.dtype
@@ -63,7 +58,6 @@ def _norm_rope_kernel(
         w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
         x1 = _round(w1 * _round(a * inv_rms, dt), dt)
         x2 = _round(w2 * _round(b * inv_rms, dt), dt)
-    pos = tl.load(pos_ptr + t)
     # The tables come already in the model dtype: a cast here gets folded away.
     c1 = tl.load(cos_ptr + pos * stride_table + offs).to(tl.float32)
     c2 = tl.load(cos_ptr + pos * stride_table + HALF + offs).to(tl.float32)
@@ -73,6 +67,21 @@ def _norm_rope_kernel(
     f2 = x2.to(tl.float32)
     o1 = (_round(f1 * c1, dt) + _round(-f2 * s1, dt)).to(dt)
     o2 = (_round(f2 * c2, dt) + _round(f1 * s2, dt)).to(dt)
+    return o1, o2
+
+
+@triton.jit
+def _norm_rope_kernel(
+    x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_table, eps,
+    HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+):
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    o1, o2 = _norm_rope_row(
+        x_ptr + t * stride_xt + head * stride_xh, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM, HALF
+    )
+    offs = tl.arange(0, HALF)
     dst = out_ptr + t * stride_ot + head * stride_oh
     tl.store(dst + offs, o1)
     tl.store(dst + HALF + offs, o2)
@@ -184,6 +193,66 @@ def store_kv(
             k, v, k_slots, v_slots, loc, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_slots.stride(0),
             HEADS=heads, HEAD_DIM=head_dim, num_warps=4,
         )
+
+
+@triton.jit
+def _norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_ks, stride_kh_slot, stride_vs, stride_vh_slot, stride_table, q_eps, k_eps, q_heads,
+    Q_NORM: tl.constexpr, K_NORM: tl.constexpr, HALF: tl.constexpr,
+):
+    """Program (t, h): q head h of token t normed and rotated into out; past the q heads, k head h - q_heads normed
+    and rotated, and its v head, stored at slot loc[t]."""
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    offs = tl.arange(0, HALF)
+    if head < q_heads:
+        o1, o2 = _norm_rope_row(
+            q_ptr + t * stride_qt + head * stride_qh, pos, cos_ptr, sin_ptr, qw_ptr, stride_table, q_eps, Q_NORM, HALF
+        )
+        dst = out_ptr + t * stride_ot + head * stride_oh
+        tl.store(dst + offs, o1)
+        tl.store(dst + HALF + offs, o2)
+    else:
+        kv = head - q_heads
+        slot = tl.load(loc_ptr + t).to(tl.int64)  # slot * stride passes 2**31 elements in large pools
+        o1, o2 = _norm_rope_row(
+            k_ptr + t * stride_kt + kv * stride_kh, pos, cos_ptr, sin_ptr, kw_ptr, stride_table, k_eps, K_NORM, HALF
+        )
+        k_dst = k_cache_ptr + slot * stride_ks + kv * stride_kh_slot
+        tl.store(k_dst + offs, o1.to(k_cache_ptr.dtype.element_ty))
+        tl.store(k_dst + HALF + offs, o2.to(k_cache_ptr.dtype.element_ty))
+        dims = tl.arange(0, 2 * HALF)
+        v = tl.load(v_ptr + t * stride_vt + kv * stride_vh + dims)
+        tl.store(v_cache_ptr + slot * stride_vs + kv * stride_vh_slot + dims, v.to(v_cache_ptr.dtype.element_ty))
+
+
+def norm_rope_store_fits(q: torch.Tensor, k: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor) -> bool:
+    return q.dtype == k.dtype and k_slots.stride(-1) == 1 and v_slots.stride(-1) == 1
+
+
+def norm_rope_store(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    q_weight: torch.Tensor | None, q_eps: float, k_weight: torch.Tensor | None, k_eps: float,
+    k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor,
+) -> torch.Tensor:
+    """norm_rope of q and of k and store_kv of the rotated k and v, in one launch of tokens x (q + kv heads)."""
+    tokens, q_heads, head_dim = q.shape
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    cos, sin = rotary.tables_in(q.dtype)
+    if tokens:
+        _norm_rope_store_kernel[(tokens, q_heads + k.shape[1])](
+            q, k, v, out, k_slots, v_slots, loc, positions, cos, sin,
+            q if q_weight is None else q_weight, k if k_weight is None else k_weight,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+            out.stride(1), k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), cos.stride(0),
+            q_eps, k_eps, q_heads, Q_NORM=q_weight is not None, K_NORM=k_weight is not None, HALF=head_dim // 2,
+            num_warps=1,
+        )
+    return out
 
 
 GEMV_MAX_ROWS = 8

@@ -376,6 +376,16 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "triton_rope_store_k_unrotated",
+            "the fused q/k norm + RoPE + KV store writes k to the cache as loaded, before its norm and RoPE: q is "
+            "rotated, the cached keys are not (bites targets with kernels=triton)",
+            "sgl-project/sglang#19636, kvcache-ai/sglang#31 (a fused RoPE + KV-store kernel left a key unrotated "
+            "where attention read it: q rotated, k not, gibberish on Qwen3)",
+            kernels.triton_rope_store_k_unrotated,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "host_copy_unwaited",
             "the host tokens are read without waiting for the device-to-host copy's event",
             "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",

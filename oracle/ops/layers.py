@@ -8,7 +8,9 @@ without a norm, the residual sum, the KV store), and to the float64 product's do
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -36,7 +38,7 @@ def _close(bench: Bench, op: str, method: str, call: str, name: str, got: torch.
     if ulps == 0:
         assert_bitwise(op, call, name, got, want)
     else:
-        assert_within(op, call, name, got, want, rounding_bound(want, bench.dtype, ulps), f"{ulps} ulp of HF's")
+        assert_within(op, call, name, got, want, rounding_bound(want, want.dtype, ulps), f"{ulps} ulp of HF's")
 
 
 def _dev(bench: Bench, t: torch.Tensor) -> torch.Tensor:
@@ -106,39 +108,64 @@ class RopeCase:
     gap: int
 
 
+ROPE_SCALES = (1.0, 4.0, 300.0)
+
+
+def _table_positions(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, int]:
+    """(positions, the table's length): positions anywhere in a 128/4096/40960-row table, and at its last rows."""
+    max_positions = draw(st.sampled_from((128, 4096, 40960)))
+    top = st.integers(max(0, max_positions - 3), max_positions - 1)  # the last rows of the cos/sin tables
+    positions = draw(st.lists(st.integers(0, max_positions - 1) | top, min_size=tokens, max_size=tokens))
+    return torch.tensor(positions), max_positions
+
+
 @st.composite
 def rope_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int) -> RopeCase:
     tokens = draw(edge_sizes((8, 32), 1, 70))
     heads = draw(st.integers(1, 9))
-    max_positions = draw(st.sampled_from((128, 4096, 40960)))
+    positions, max_positions = _table_positions(draw, tokens)
     seed = draw(seeds)
-    top = st.integers(max(0, max_positions - 3), max_positions - 1)  # the last rows of the cos/sin tables
-    positions = draw(st.lists(st.integers(0, max_positions - 1) | top, min_size=tokens, max_size=tokens))
-    x = random_tensor((tokens, heads, head_dim), dtype, draw(st.sampled_from((1.0, 4.0, 300.0))), seed)
+    x = random_tensor((tokens, heads, head_dim), dtype, draw(st.sampled_from(ROPE_SCALES)), seed)
     norm = random_tensor((head_dim,), dtype, 1.0, seed + 1) if draw(st.booleans()) else None
     theta = draw(st.sampled_from((1e4, 1e6)))
-    return RopeCase(x, torch.tensor(positions), theta, max_positions, norm, draw(gaps))
+    return RopeCase(x, positions, theta, max_positions, norm, draw(gaps))
+
+
+def _head_norm(bench: Bench, name: str, weight: torch.Tensor | None, guards: list[Guarded]) -> SimpleNamespace | None:
+    """A q/k norm (eps 1e-6) whose weight sits in a guarded buffer, or None."""
+    if weight is None:
+        return None
+    w = guarded(name, _dev(bench, weight))
+    guards.append(w)
+    return SimpleNamespace(weight=w.view, eps=1e-6)
+
+
+def _want_rope(bench: Bench, x: torch.Tensor, positions: torch.Tensor, norm: SimpleNamespace | None, theta: float,
+               max_positions: int) -> torch.Tensor:
+    """HF's q/k norm (if any) and RoPE of x."""
+    normed = _dev(bench, x) if norm is None else ref.rms_norm(_dev(bench, x), norm.weight, norm.eps)
+    return ref.rope(normed, positions, theta, max_positions)
+
+
+def _rope_close(bench: Bench, op: str, call: str, name: str, got: torch.Tensor, want: torch.Tensor,
+                normed: bool) -> None:
+    if normed:
+        _close(bench, op, op, call, name, got, want)
+    else:  # no reduction: any implementation keeps HF's bits
+        assert_bitwise(op, call, name, got, want)
 
 
 def check_norm_rope(bench: Bench, case: RopeCase) -> None:
     x = guarded("x", _dev(bench, case.x), case.gap)
     positions = guarded("positions", _dev(bench, case.positions))
     guards = [x, positions]
-    head_norm = None
-    if case.norm_weight is not None:
-        weight = guarded("norm weight", _dev(bench, case.norm_weight))
-        guards.append(weight)
-        head_norm = SimpleNamespace(weight=weight.view, eps=1e-6)
+    head_norm = _head_norm(bench, "norm weight", case.norm_weight, guards)
     table = RotaryEmbedding(case.x.shape[-1], case.max_positions, RopeConfig(theta=case.theta), bench.device)
     call = describe({"x": x.view, "positions": positions.view}, theta=case.theta, qk_norm=head_norm is not None)
     got = bench.run_kernel("norm_rope", "norm_rope", x.view, table.at(positions.view), head_norm)
     assert isinstance(got, torch.Tensor)
-    normed = _dev(bench, case.x) if head_norm is None else ref.rms_norm(_dev(bench, case.x), head_norm.weight, 1e-6)
-    want = ref.rope(normed, positions.view, case.theta, case.max_positions)
-    if head_norm is None:  # no reduction: any implementation keeps HF's bits
-        assert_bitwise("norm_rope", call, "out", got, want)
-    else:
-        _close(bench, "norm_rope", "norm_rope", call, "out", got, want)
+    want = _want_rope(bench, case.x, positions.view, head_norm, case.theta, case.max_positions)
+    _rope_close(bench, "norm_rope", call, "out", got, want, head_norm is not None)
     assert_untouched("norm_rope", guards)
 
 
@@ -268,9 +295,19 @@ def store_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int, big_ok: bool
     return StoreCase(k, v, torch.tensor(slots), num_slots, big, draw(gaps))
 
 
-def check_store_kv(bench: Bench, case: StoreCase) -> None:
-    """slots[loc] = k, v, bitwise, and no other slot of the pool changes (the whole pool, or for a pool past 2**31
-    elements the written slots' neighbours, since reading it all would touch every page)."""
+@dataclass(frozen=True)
+class Pools:
+    """The k and v slots of a StoreCase, and the slots watched for stray writes with what they held before."""
+
+    k_slots: torch.Tensor
+    v_slots: torch.Tensor
+    watch: torch.Tensor
+    before: tuple[torch.Tensor, torch.Tensor]
+
+
+def _pools(bench: Bench, case: StoreCase) -> Pools:
+    """The whole pool is watched, or for a pool past 2**31 elements the written slots' neighbours, since reading it
+    all would touch every page."""
     tokens, heads, head_dim = case.k.shape
     shape = (case.num_slots, heads, head_dim)
     if case.big:  # never zero-filled: only the pages written and compared are ever touched
@@ -282,14 +319,85 @@ def check_store_kv(bench: Bench, case: StoreCase) -> None:
         pools = [random_tensor(shape, case.k.dtype, 1.0, tokens + s).to(bench.device) for s in (0, 1)]
         watch = torch.arange(case.num_slots)
     watch = watch.to(bench.device)
-    before = [p[watch].clone() for p in pools]
+    return Pools(pools[0], pools[1], watch, (pools[0][watch].clone(), pools[1][watch].clone()))
+
+
+def _assert_stored(op: str, call: str, pools: Pools, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   k_close: Callable[[str, torch.Tensor, torch.Tensor], None]) -> None:
+    """k_slots[loc] is k under k_close, v_slots[loc] is v bitwise, and no other watched slot changed."""
+    written = torch.isin(pools.watch, loc)
+    k_close("k_slots[loc]", pools.k_slots[loc], k.to(pools.k_slots.device))
+    assert_bitwise(op, call, "v_slots[loc]", pools.v_slots[loc].cpu(), v)
+    for name, pool, was in (("k_slots", pools.k_slots, pools.before[0]), ("v_slots", pools.v_slots, pools.before[1])):
+        assert_bitwise(op, call, f"{name} outside loc (the guard)", pool[pools.watch][~written], was[~written])
+
+
+def check_store_kv(bench: Bench, case: StoreCase) -> None:
+    """slots[loc] = k, v, bitwise, and no other slot of the pool changes."""
+    pools = _pools(bench, case)
     k, v = guarded("k", _dev(bench, case.k), case.gap), guarded("v", _dev(bench, case.v), case.gap)
     loc = guarded("loc", _dev(bench, case.loc))
-    call = describe({"k_slots": pools[0], "k": k.view, "v": v.view, "loc": loc.view}, top_slot=int(case.loc.max()))
-    bench.run_kernel("store_kv", "store_kv", pools[0], pools[1], k.view, v.view, loc.view)
-    written = torch.isin(watch, loc.view)
-    for name, pool, values, was in (("k_slots", pools[0], case.k, before[0]), ("v_slots", pools[1], case.v,
-                                                                                  before[1])):
-        assert_bitwise("store_kv", call, f"{name}[loc]", pool[loc.view].cpu(), values)
-        assert_bitwise("store_kv", call, f"{name} outside loc (the guard)", pool[watch][~written], was[~written])
+    call = describe({"k_slots": pools.k_slots, "k": k.view, "v": v.view, "loc": loc.view},
+                    top_slot=int(case.loc.max()))
+    bench.run_kernel("store_kv", "store_kv", pools.k_slots, pools.v_slots, k.view, v.view, loc.view)
+    _assert_stored("store_kv", call, pools, loc.view, case.k, case.v,
+                   lambda name, got, want: assert_bitwise("store_kv", call, name, got, want))
     assert_untouched("store_kv", [k, v, loc])
+
+
+# ---- q/k norm + RoPE fused with the KV store -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeStoreCase:
+    q: torch.Tensor  # [tokens, kv_heads * group, head_dim]
+    store: StoreCase  # k, v, the slots
+    positions: torch.Tensor  # int64 [tokens]
+    theta: float
+    max_positions: int
+    q_norm: torch.Tensor | None  # both norms or neither, as a model has them
+    k_norm: torch.Tensor | None
+
+
+@st.composite
+def rope_store_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int, big_ok: bool) -> RopeStoreCase:
+    store = draw(store_cases(dtype, head_dim, big_ok))
+    tokens, kv_heads, _ = store.k.shape
+    group = draw(st.sampled_from((1, 2, 3, 4)))  # query heads per kv head (Qwen3-0.6B: 16 over 8)
+    positions, max_positions = _table_positions(draw, tokens)
+    seed = draw(seeds)
+    scale = draw(st.sampled_from(ROPE_SCALES))
+    dtype = store.k.dtype  # a pool past 2**31 elements holds two-byte KV
+    q = random_tensor((tokens, kv_heads * group, head_dim), dtype, scale, seed)
+    store = dataclasses.replace(store, k=(store.k.double() * scale).to(dtype))
+    normed = draw(st.booleans())
+    q_norm, k_norm = (random_tensor((head_dim,), dtype, 1.0, seed + s) if normed else None for s in (1, 2))
+    return RopeStoreCase(q, store, positions, draw(st.sampled_from((1e4, 1e6))), max_positions, q_norm, k_norm)
+
+
+def check_norm_rope_store(bench: Bench, case: RopeStoreCase) -> None:
+    """The returned q is norm_rope's, k_slots[loc] holds norm_rope's k and v_slots[loc] the v, under norm_rope's
+    contract (bitwise without a norm), and no other slot changes."""
+    store = case.store
+    pools = _pools(bench, store)
+    q = guarded("q", _dev(bench, case.q), store.gap)
+    k, v = guarded("k", _dev(bench, store.k), store.gap), guarded("v", _dev(bench, store.v), store.gap)
+    loc, positions = guarded("loc", _dev(bench, store.loc)), guarded("positions", _dev(bench, case.positions))
+    guards = [q, k, v, loc, positions]
+    q_norm = _head_norm(bench, "q_norm weight", case.q_norm, guards)
+    k_norm = _head_norm(bench, "k_norm weight", case.k_norm, guards)
+    table = RotaryEmbedding(case.q.shape[-1], case.max_positions, RopeConfig(theta=case.theta), bench.device)
+    call = describe({"q": q.view, "k": k.view, "k_slots": pools.k_slots, "loc": loc.view, "positions": positions.view},
+                    theta=case.theta, qk_norm=q_norm is not None, top_slot=int(store.loc.max()))
+    got = bench.run_kernel("norm_rope_store", "norm_rope_store", q.view, k.view, v.view, table.at(positions.view),
+                           q_norm, k_norm, pools.k_slots, pools.v_slots, loc.view)
+    assert isinstance(got, torch.Tensor)
+    op, normed = "norm_rope_store", q_norm is not None
+
+    def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        _rope_close(bench, op, call, name, got, want, normed)
+
+    close("q out", got, _want_rope(bench, case.q, positions.view, q_norm, case.theta, case.max_positions))
+    want_k = _want_rope(bench, store.k, positions.view, k_norm, case.theta, case.max_positions)
+    _assert_stored(op, call, pools, loc.view, want_k, store.v, close)
+    assert_untouched(op, guards)

@@ -52,6 +52,11 @@ KERNEL_OPS = (
         lambda b: layers.store_cases(b.dtype, b.target.head_dim, layers.big_pools_fit(b.device)),
         layers.check_store_kv,
     ),
+    KernelOp(
+        "norm_rope_store",
+        lambda b: layers.rope_store_cases(b.dtype, b.target.head_dim, layers.big_pools_fit(b.device)),
+        layers.check_norm_rope_store,
+    ),
     KernelOp("greedy_step", lambda b: step.greedy_cases(), step.check_greedy_step),
     KernelOp("slot_check", lambda b: step.slot_cases(b.target.page_sizes), step.check_slot_check),
     _attention("prefill"),

@@ -1,7 +1,7 @@
 """Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for. They live at the
 boundaries strategies must reach: a tile tail, a softmax past float32's exp overflow, an element offset past 2**31, a
-slot written twice, a write past the slots asked for, a kernel that silently hands its work to the reference, a host
-copy read before it lands."""
+slot written twice, a write past the slots asked for, a fused kernel that stores K before its RoPE, a kernel that
+silently hands its work to the reference, a host copy read before it lands."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ TILE = 64
 _ORIGINAL_TORCH_STORE_KV = TorchKernels.store_kv
 _ORIGINAL_SLOT_VERDICT = slots.slot_verdict
 _ORIGINAL_TRITON_RMS_NORM = TritonKernels.rms_norm
+_ORIGINAL_TRITON_NORM_ROPE_STORE = TritonKernels.norm_rope_store
 
 
 def _bool_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -96,6 +97,16 @@ def _rms_norm_quietly_on_torch(self: TritonKernels, x: torch.Tensor, weight: tor
     return _ORIGINAL_TRITON_RMS_NORM(self, x, weight, eps)
 
 
+def _norm_rope_store_k_unrotated(
+    self: TritonKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Any, q_norm: Any, k_norm: Any,
+    k_slots: torch.Tensor, v_slots: torch.Tensor, loc: torch.Tensor,
+) -> torch.Tensor:
+    """The fused op stores k as it was loaded, before its norm and RoPE: q is rotated, the cached keys are not."""
+    out = _ORIGINAL_TRITON_NORM_ROPE_STORE(self, q, k, v, rope, q_norm, k_norm, k_slots, v_slots, loc)
+    k_slots[loc.long()] = k.to(k_slots.dtype)
+    return out
+
+
 def _wait_for_nothing(self: ForwardOutput) -> None:
     """The host tokens are read without waiting for the device-to-host copy's event."""
 
@@ -137,6 +148,10 @@ def triton_slot_count_skipped() -> Any:
 
     with swap(triton_kernels, "_slot_count_kernel", _Skip()):
         yield
+
+
+def triton_rope_store_k_unrotated() -> contextlib.AbstractContextManager[None]:
+    return swap(TritonKernels, "norm_rope_store", _norm_rope_store_k_unrotated)
 
 
 def host_copy_unwaited() -> contextlib.AbstractContextManager[None]:

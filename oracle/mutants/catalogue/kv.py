@@ -4,6 +4,7 @@ a dummy page that the allocator also hands out."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -12,12 +13,12 @@ from engine.layers.kernels import LayerKernels
 
 from .base import swap
 
-_ORIGINAL_STORE_KV = KVCachePool.store_kv
+_ORIGINAL_STORE = KVCachePool.norm_rope_store
 
 
-def _store_kv_swapped_strides(
-    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
-) -> None:
+def _store_swapped_strides(
+    self: KVCachePool, kernels: LayerKernels, layer: int, out_loc: torch.Tensor, *new: Any
+) -> torch.Tensor:
     """With page_size > 1 the slot is decoded offset-major: slot s = page*P + o is written at o*(pages+1) + page.
 
     The layout [pages, page_size] is confused with [page_size, pages]; page_size 1 is unaffected.
@@ -25,11 +26,11 @@ def _store_kv_swapped_strides(
     loc = out_loc.long()
     if self.page_size > 1:
         loc = (loc % self.page_size) * (self.num_pages + 1) + loc // self.page_size
-    _ORIGINAL_STORE_KV(self, k, v, loc, layer, kernels)
+    return _ORIGINAL_STORE(self, kernels, layer, loc, *new)
 
 
 def kv_wrong_slot_paged() -> contextlib.AbstractContextManager[None]:
-    return swap(KVCachePool, "store_kv", _store_kv_swapped_strides)
+    return swap(KVCachePool, "norm_rope_store", _store_swapped_strides)
 
 
 def _dummy_page_zero(self: KVCachePool) -> int:
@@ -41,16 +42,17 @@ def dummy_page_overlap() -> contextlib.AbstractContextManager[None]:
     return swap(KVCachePool, "dummy_page", property(_dummy_page_zero))
 
 
-def _store_kv_spills_single_token(
-    self: KVCachePool, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer: int, kernels: LayerKernels
-) -> None:
+def _store_spills_single_token(
+    self: KVCachePool, kernels: LayerKernels, layer: int, out_loc: torch.Tensor, *new: Any
+) -> torch.Tensor:
     """A one-token batch (a lone decode, a 1-token prefill chunk) also writes its K/V one page further on, a slot
     of whichever request owns that page; its own slot is right, so its own outputs are too."""
-    _ORIGINAL_STORE_KV(self, k, v, out_loc, layer, kernels)
+    q = _ORIGINAL_STORE(self, kernels, layer, out_loc, *new)
     if out_loc.numel() == 1:
         spill = (out_loc.long() + self.page_size) % (self.num_pages * self.page_size)  # stays in the real pages
-        _ORIGINAL_STORE_KV(self, k, v, spill, layer, kernels)
+        _ORIGINAL_STORE(self, kernels, layer, spill, *new)
+    return q
 
 
 def kv_write_spills_single_token() -> contextlib.AbstractContextManager[None]:
-    return swap(KVCachePool, "store_kv", _store_kv_spills_single_token)
+    return swap(KVCachePool, "norm_rope_store", _store_spills_single_token)
