@@ -64,7 +64,9 @@ PATCHED: tuple[type | ModuleType, ...] = (
     ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
-NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row"}
+NEEDS_TRITON = {
+    "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block"
+}
 
 
 def _patched() -> tuple[type | ModuleType, ...]:

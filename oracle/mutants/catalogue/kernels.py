@@ -1,7 +1,7 @@
 """Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for. They live at the
 boundaries strategies must reach: a tile tail, a softmax past float32's exp overflow, an element offset past 2**31, a
 slot written twice, a write past the slots asked for, a kernel that silently hands its work to the reference, a host
-copy read before it lands."""
+copy read before it lands, a norm whose sum of squares stops at the first block."""
 
 from __future__ import annotations
 
@@ -136,6 +136,29 @@ def triton_slot_count_skipped() -> Any:
             return lambda *args, **kwargs: None
 
     with swap(triton_kernels, "_slot_count_kernel", _Skip()):
+        yield
+
+
+@contextlib.contextmanager
+def norm_gemv_rms_first_block() -> Any:
+    """The norm folded into the GEMV takes each row's sum of squares over the first K block only (a reduction loop
+    that stops after one tile): rows wider than the GEMV's K block are divided by the wrong rms."""
+    from engine.layers import triton_gemv
+
+    original = triton_gemv.norm_gemv
+
+    def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        n, k = weight.shape
+        block_k = triton_gemv.gemv_blocks(x.numel() // k, n, k)[2]
+        if k <= block_k:
+            return original(x, residual, norm_weight, eps, weight, bias)
+        total = x if residual is None else x + residual
+        h = total.float()
+        normed = norm_weight * (h * torch.rsqrt(h[..., :block_k].pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return triton_gemv.gemv(normed, weight, bias, False), total
+
+    with swap(triton_gemv, "norm_gemv", norm_gemv):
         yield
 
 
