@@ -128,7 +128,7 @@ TORCH_KERNELS = TorchKernels()
 
 
 class TritonKernels(LayerKernels):
-    """Fused Triton launches (triton_kernels.py); what they cannot serve falls back to torch (declines)."""
+    """Fused Triton launches (triton_kernels.py, triton_gemv.py); what they cannot serve goes to torch (declines)."""
 
     name = "triton"
     fuses_residual = True

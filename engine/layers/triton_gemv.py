@@ -61,11 +61,10 @@ def _summed_rows(x_ptr, res_ptr, sum_ptr, rm, rk, mask, stride_xm, stride_rm, st
 
 
 @triton.jit
-def _normed_times_weight(h, inv_rms, nw_ptr, w_ptr, rn, rk, n_ok, k_ok, stride_wn, dt: tl.constexpr):
-    """The normed block (HF's roundings: before and after the norm weight's multiply) times a weight tile."""
+def _normed_times_weight(h, inv_rms, nw_ptr, w, rk, k_ok, dt: tl.constexpr):
+    """The normed block (HF's roundings: before and after the norm weight's multiply) times a loaded weight tile."""
     nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
     x = _round(nw[None, :] * _round(h * inv_rms[:, None], dt), dt)
-    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
     return x[:, None, :] * w.to(tl.float32)[None, :, :]
 
 
@@ -86,10 +85,12 @@ def _norm_gemv_kernel(
     if K <= BLOCK_K:  # one block: the rows loaded once serve the norm and the product
         rk = tl.arange(0, BLOCK_K)
         k_ok = rk < K
+        # The weight tile is asked for first, so its load overlaps the norm.
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         h = _summed_rows(x_ptr, res_ptr, sum_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], stride_xm, stride_rm,
                          stride_sm, pid == 0, HAS_RESIDUAL)
         inv_rms = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
-        out = tl.sum(_normed_times_weight(h, inv_rms, nw_ptr, w_ptr, rn, rk, n_ok, k_ok, stride_wn, dt), axis=2)
+        out = tl.sum(_normed_times_weight(h, inv_rms, nw_ptr, w, rk, k_ok, dt), axis=2)
     else:
         squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -102,9 +103,10 @@ def _norm_gemv_kernel(
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < K
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             h = _summed_rows(x_ptr, res_ptr, sum_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], stride_xm, stride_rm,
                              stride_sm, pid < 0, HAS_RESIDUAL)
-            acc += _normed_times_weight(h, inv_rms, nw_ptr, w_ptr, rn, rk, n_ok, k_ok, stride_wn, dt)
+            acc += _normed_times_weight(h, inv_rms, nw_ptr, w, rk, k_ok, dt)
         out = tl.sum(acc, axis=2)
     if HAS_BIAS:
         out += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]

@@ -113,8 +113,10 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden, residual = layer(hidden, residual, rope, ctx)
         assert residual is not None
-        metadata = ctx.batch.attn_metadata
-        assert metadata is not None
-        last = metadata.get_last_indices()  # the norm is per row: only the rows the LM head reads are normed
-        logits, _ = self.model.norm.forward_linear(hidden[last], residual[last], self.lm_head.projection, None, ctx)
+        if not ctx.batch.is_decode:  # a decode row is its request's last token; the norm is per row, so gather first
+            metadata = ctx.batch.attn_metadata
+            assert metadata is not None
+            last = metadata.get_last_indices()
+            hidden, residual = hidden[last], residual[last]
+        logits, _ = self.model.norm.forward_linear(hidden, residual, self.lm_head.projection, None, ctx)
         return logits.float()
