@@ -2,10 +2,10 @@
 
 The residual sum must be HF's bit for bit, written whole (one program writes it). The product is checked against
 the GEMV of the torch reference's normed rows: bitwise in Triton's interpreter, where the sum of squares is
-numpy's as in torch; on CUDA a float32 sum of squares in another order may move a normed element by one bf16 ulp,
-so there each output lies within the float32 product's bound of the exact product of HF's normed rows plus what
-one ulp of each normed element moves it, and against the separate Triton add_rms_norm + GEMV at most 1% of outputs
-differ. Shapes reach one K block and several, K off the block, N tails, one row and the GEMV's most rows.
+numpy's as in torch; on CUDA a float32 sum of squares in another order may move a normed element by one bf16 ulp
+(and that element every output a little), so there each output lies within the float32 product's bound of the
+exact product of HF's normed rows plus what one ulp of each normed element moves it. Shapes reach one K block and
+several, K off the block, N tails, one row and the GEMV's most rows.
 
 On CUDA by default; TRITON_GEMV_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.layers import triton_gemv, triton_kernels  # noqa: E402
+from engine.layers import triton_gemv  # noqa: E402
 from engine.layers.kernels import TORCH_KERNELS, TritonKernels  # noqa: E402
 
 DEVICE = os.environ.get("TRITON_GEMV_TEST_DEVICE", "cuda")
@@ -63,12 +63,8 @@ def test_norm_gemv_is_the_gemv_of_the_normed_rows(rows: int, n: int, k: int, res
     exact = normed.double() @ w.double().T + (0 if b is None else b.double())
     moved = (BF16_ULP * normed.double().abs()) @ w.double().abs().T
     bound = BF16_ULP / 2 * exact.abs() + 1e-5 * (normed.double().abs() @ w.double().abs().T) + moved
-    assert bool(((out.double() - exact).abs() <= bound + 1e-30).all())
-    separate = triton_gemv.gemv(
-        triton_kernels.rms_norm(x, nw, 1e-6) if r is None else triton_kernels.add_rms_norm(x, r, nw, 1e-6)[0],
-        w, b, False,
-    )
-    assert (out != separate).float().mean().item() <= 0.01
+    gap = (out.double() - exact).abs()
+    assert bool((gap <= bound + 1e-30).all()), f"max gap {gap.max().item()}"
 
 
 def test_norm_linear_declines_what_the_gemv_does_not_serve() -> None:
