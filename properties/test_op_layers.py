@@ -22,6 +22,7 @@ ODD_WIDTH = "rms_norm: a width off every power of two"
 WITH_NORM = "norm_rope: with a q/k norm"
 ONE_ROW = "linear: a single row (the GEMV's case)"
 BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
+FUSED_ROW = "norm_linear: a single row (where the norm folds into the GEMV)"
 
 
 @settings(max_examples=examples(2.0))
@@ -61,6 +62,15 @@ def test_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
     exercised(ONE_ROW, case.x.shape[0] == 1)
     layers.check_linear(op_bench, case)
+
+
+@settings(max_examples=examples(2.0))
+@given(data=st.data())
+@floors({FUSED_ROW: 0.2})
+def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(layers.norm_linear_cases(op_bench.dtype), label="case")
+    exercised(FUSED_ROW, case.x.shape[0] == 1)
+    layers.check_norm_linear(op_bench, case)
 
 
 @settings(max_examples=examples(2.0))

@@ -109,13 +109,13 @@ def test_every_layer_dispatches_through_the_context_kernels(tmp_path: Path) -> N
     # Per layer and step: input and post-attention norms, q and k norm+rope with the KV store (one norm_rope_store,
     # which the reference composes of norm_rope twice and store_kv), one MLP; plus the final norm per step; the q/k
     # norms run inside norm_rope (qwen3), through the same kernels; four projections (qkv, o, gate_up, down:
-    # SiLU-and-mul runs inside the gated down_proj); one slot check per step.
+    # SiLU-and-mul runs inside the gated down_proj) and the LM head; one slot check per step.
     assert counting_step.calls == {"slot_check": steps}
     assert counting.calls == {
         "rms_norm": steps * (4 * layers + 1),
         "norm_rope": steps * 2 * layers,
         "silu_and_mul": steps * layers,
-        "linear": steps * 4 * layers,
+        "linear": steps * (4 * layers + 1),
         "store_kv": steps * layers,
         "norm_rope_store": steps * layers,
     }

@@ -64,18 +64,21 @@ PATCHED: tuple[type | ModuleType, ...] = (
     ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
-NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row"}
+NEEDS_TRITON = {
+    "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block"
+}
 
 
 def _patched() -> tuple[type | ModuleType, ...]:
     """PATCHED, plus the Triton kernels' modules where triton is installed (importing it imports triton)."""
     if importlib.util.find_spec("triton") is None:
         return PATCHED
+    import engine.layers.triton_gemv as triton_gemv
     import engine.layers.triton_kernels as triton_kernels
     import engine.sample_triton as sample_triton
     import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels, step_triton, sample_triton)
+    return (*PATCHED, triton_kernels, triton_gemv, step_triton, sample_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:

@@ -1,4 +1,4 @@
-"""Token embedding and the LM head (optionally tied to the embedding)."""
+"""Token embedding and the LM head's weight (optionally tied to the embedding)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class LMHead(nn.Module):
         if tied_to is None:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        return F.linear(hidden, weight)
+    @property
+    def projection(self) -> torch.Tensor:
+        """[vocab, hidden]: the model's last norm projects through it (RMSNorm.forward_linear)."""
+        return self.tied_to.weight if self.tied_to is not None else self.weight

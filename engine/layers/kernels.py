@@ -1,7 +1,7 @@
 """The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store, and q/k
 norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
 runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
-small-batch GEMV.
+small-batch GEMV that can take the norm in front of it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class LayerKernels(ABC):
     """One method per op sequence, each computing what HF's modules compute."""
 
     name: str
-    fuses_residual: bool  # when False, RMSNorm adds the residual itself and calls its (patchable) forward
+    # When False, RMSNorm adds the residual itself and calls its (patchable) forward, then the projection after it.
+    fuses_residual: bool
 
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -82,6 +83,17 @@ class LayerKernels(ABC):
     ) -> torch.Tensor:
         """F.linear(x, weight, bias); gated: x is a merged [gate | up] projection and the input is SiLU(gate) * up."""
         return F.linear(self.silu_and_mul(x) if gated else x, weight, bias)
+
+    def norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: torch.Tensor, bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F.linear(norm(x + residual), weight, bias), x + residual); residual None: (F.linear(norm(x), ...), x)."""
+        if residual is None:
+            normed, residual = self.rms_norm(x, norm_weight, eps), x
+        else:
+            normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        return self.linear(normed, weight, bias), residual
 
     def arrange_weights(self, model: nn.Module) -> None:
         """Lay the loaded weights out for these kernels' matrix products (CUDA only)."""
@@ -129,15 +141,16 @@ def _weight_eps(norm: HeadNorm | None) -> tuple[torch.Tensor | None, float]:
 
 
 class TritonKernels(LayerKernels):
-    """Fused Triton launches (triton_kernels.py); what they cannot serve falls back to torch (declines)."""
+    """Fused Triton launches (triton_kernels.py, triton_gemv.py); what they cannot serve goes to torch (declines)."""
 
     name = "triton"
     fuses_residual = True
 
     def __init__(self) -> None:
-        from . import triton_kernels
+        from . import triton_gemv, triton_kernels
 
         self._k: ModuleType = triton_kernels
+        self._gemv: ModuleType = triton_gemv
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._k.rms_norm(x, weight, eps)
@@ -174,12 +187,20 @@ class TritonKernels(LayerKernels):
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
         if self.declines("linear", x, weight, bias, gated) is None:
-            return self._k.gemv(x, weight, bias, gated)
+            return self._gemv.gemv(x, weight, bias, gated)
         return super().linear(x, weight, bias, gated)
+
+    def norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: torch.Tensor, bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.declines("norm_linear", x, residual, norm_weight, eps, weight, bias) is None:
+            return self._gemv.norm_gemv(x, residual, norm_weight, eps, weight, bias)
+        return super().norm_linear(x, residual, norm_weight, eps, weight, bias)
 
     def arrange_weights(self, model: nn.Module) -> None:
         # Row-major where the GEMV serves the dtype (it reads whole rows); others keep cuBLAS's layout.
-        if next(model.parameters()).dtype not in self._k.GEMV_DTYPES:
+        if next(model.parameters()).dtype not in self._gemv.GEMV_DTYPES:
             super().arrange_weights(model)
 
     def declines(self, op: str, *args: object) -> str | None:
@@ -187,8 +208,10 @@ class TritonKernels(LayerKernels):
             return "the KV store's tiles need a power-of-two number of kv heads, unit inner strides, a contiguous pool"
         if op == "norm_rope_store" and not self._k.norm_rope_store_fits(args[0], args[1], args[6], args[7]):
             return "the fused RoPE + KV store needs q and k in one dtype and unit inner strides in the KV slots"
-        if op == "linear" and not self._k.gemv_fits(args[0], args[1], bool(args[3])):
+        if op == "linear" and not self._gemv.gemv_fits(args[0], args[1], bool(args[3])):
             return "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, row-major weights"
+        if op == "norm_linear" and not self._gemv.gemv_fits(args[0], args[4]):
+            return "the norm folds into the GEMV only where the GEMV serves the product; else add_rms_norm, then linear"
         return None
 
 

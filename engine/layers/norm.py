@@ -1,4 +1,5 @@
-"""RMSNorm as HF computes it; the module holds the weight and eps, the op runs on ``ctx.kernels``."""
+"""RMSNorm as HF computes it; the module holds the weight and eps, the op runs on ``ctx.kernels``, alone or folded
+into the projection that reads its output."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ class RMSNorm(nn.Module):
             return ctx.kernels.add_rms_norm(x, residual, self.weight, self.eps)
         x = x + residual
         return self.forward(x, ctx), x
+
+    def forward_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+        ctx: Context,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F.linear(norm(x + residual), weight, bias), x + residual); residual None: (F.linear(norm(x), ...), x)."""
+        if ctx.kernels.fuses_residual:
+            return ctx.kernels.norm_linear(x, residual, self.weight, self.eps, weight, bias)
+        normed, residual = (self.forward(x, ctx), x) if residual is None else self.forward_residual(x, residual, ctx)
+        return ctx.kernels.linear(normed, weight, bias), residual

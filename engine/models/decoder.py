@@ -33,10 +33,12 @@ class SelfAttention(nn.Module):
         self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, cfg.tp)
 
     def forward(
-        self, hidden: torch.Tensor, rope: RotaryAt, ctx: Context
-    ) -> torch.Tensor:
-        out = self.attn(self.qkv_proj(hidden, ctx), rope, ctx, self.q_norm, self.k_norm)
-        return self.o_proj(out, ctx)
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, rope: RotaryAt, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention of norm(hidden + residual), hidden + residual), the norm folded into qkv_proj."""
+        qkv, residual = norm.forward_linear(hidden, residual, self.qkv_proj.weight, self.qkv_proj.bias, ctx)
+        out = self.attn(qkv, rope, ctx, self.q_norm, self.k_norm)
+        return self.o_proj(out, ctx), residual
 
 
 class MLP(nn.Module):
@@ -46,8 +48,12 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": size, "up": size}, cfg.tp)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.tp)
 
-    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x, ctx), ctx, gated=True)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP of norm(x + residual), x + residual), the norm folded into gate_up_proj."""
+        gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj.weight, None, ctx)
+        return self.down_proj(gate_up, ctx, gated=True), residual
 
 
 class DecoderLayer(nn.Module):
@@ -65,14 +71,8 @@ class DecoderLayer(nn.Module):
         rope: RotaryAt,
         ctx: Context,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden, ctx)
-        else:
-            hidden, residual = self.input_layernorm.forward_residual(hidden, residual, ctx)
-        hidden = self.self_attn(hidden, rope, ctx)
-        hidden, residual = self.post_attention_layernorm.forward_residual(hidden, residual, ctx)
-        return self.mlp(hidden, ctx), residual
+        hidden, residual = self.self_attn(hidden, residual, self.input_layernorm, rope, ctx)
+        return self.mlp(hidden, residual, self.post_attention_layernorm, ctx)
 
 
 class DecoderBody(nn.Module):
@@ -98,7 +98,8 @@ class DecoderForCausalLM(nn.Module):
         self.rotary: RotaryEmbedding | None = None
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int) -> nn.Module:
-        """The MLP of layer `layer_id`, called as mlp(hidden, ctx); MoE models override it."""
+        """The MLP of layer `layer_id`, called as mlp(hidden, residual, norm, ctx) -> (out, hidden + residual),
+        norm being the layer's post-attention RMSNorm; MoE models override it."""
         return MLP(cfg)
 
     def init_rotary(self, max_positions: int, device: torch.device) -> None:
@@ -112,8 +113,10 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden, residual = layer(hidden, residual, rope, ctx)
         assert residual is not None
-        hidden, _ = self.model.norm.forward_residual(hidden, residual, ctx)
-        metadata = ctx.batch.attn_metadata
-        assert metadata is not None
-        hidden = hidden[metadata.get_last_indices()]
-        return self.lm_head(hidden).float()
+        if not ctx.batch.is_decode:  # a decode row is its request's last token; the norm is per row, so gather first
+            metadata = ctx.batch.attn_metadata
+            assert metadata is not None
+            last = metadata.get_last_indices()
+            hidden, residual = hidden[last], residual[last]
+        logits, _ = self.model.norm.forward_linear(hidden, residual, self.lm_head.projection, None, ctx)
+        return logits.float()

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..core import Context
 from ..layers.linear import Linear
+from ..layers.norm import RMSNorm
 from ..moe import MOE_BACKENDS, BaseMoeBackend, FusedMoE
 from .config import ModelConfig
 from .decoder import MLP, DecoderForCausalLM
@@ -28,8 +29,12 @@ class SparseMoeBlock(nn.Module):
             backend,
         )
 
-    def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.experts(hidden, self.gate(hidden, ctx))
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts read the normed rows beside the router: the norm stays a launch of its own."""
+        hidden, residual = norm.forward_residual(hidden, residual, ctx)
+        return self.experts(hidden, self.gate(hidden, ctx)), residual
 
 
 @register_model("Qwen3MoeForCausalLM")

@@ -386,6 +386,16 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "norm_gemv_rms_first_block",
+            "the RMSNorm folded into the small-batch GEMV (decode's qkv and gate_up at one row, the LM head) takes "
+            "each row's sum of squares over the first K block only: rows wider than the block get the wrong rms",
+            "triton-lang/triton#630 (a GEMM wrong once K is not a multiple of the block); fused norm prologues that "
+            "reduce one tile (the reduction must span the whole row before the first weight tile is used)",
+            kernels.norm_gemv_rms_first_block,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "host_copy_unwaited",
             "the host tokens are read without waiting for the device-to-host copy's event",
             "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",

@@ -3,7 +3,8 @@ sequence at the same dtype, with every input inside a guarded buffer.
 
 Contracts: the torch reference is held to HF's bits; another implementation to oracle.tolerance.KERNEL_ULPS of
 HF's result where it only reorders a float32 reduction (norms, SiLU), to HF's bits where it has no reduction (RoPE
-without a norm, the residual sum, the KV store), and to the float64 product's dot_bound for linear.
+without a norm, the residual sum, the KV store), and to the float64 product's dot_bound for linear (for the norm
+folded into it, of HF's normed rows, widened by what the norm's ulps move it).
 """
 
 from __future__ import annotations
@@ -249,6 +250,77 @@ def check_linear(bench: Bench, case: LinearCase) -> None:
     bound = dot_bound(exact, magnitude, case.weight.shape[1], bench.dtype, bias is not None or reduced_reduction(bench))
     assert_within("linear", call, "out", got, exact, bound, "float32 accumulation, one rounding")
     assert_untouched("linear", guards)
+
+
+# ---- the norm folded into the projection that reads it (add + RMSNorm, then linear) -------------------------------
+
+
+@dataclass(frozen=True)
+class NormLinearCase:
+    x: torch.Tensor  # [rows, K]
+    residual: torch.Tensor | None
+    norm_weight: torch.Tensor  # [K]
+    eps: float
+    weight: torch.Tensor  # [N, K]
+    bias: torch.Tensor | None
+    column_major: bool
+    gap: int
+
+
+@st.composite
+def norm_linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> NormLinearCase:
+    rows = draw(st.just(1) | edge_sizes((8,), 1, 17))  # one row, and each side of the GEMV's most (narrowing) rows
+    k = draw(st.integers(1025, 3000) | edge_sizes(BLOCK_EDGES, 1, 3000))  # rows of several K blocks as often
+    n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    # Not subnormal: the normed rows' products would fall below float32's normal range, outside dot_bound.
+    scale = draw(st.sampled_from(MAGNITUDES[1:]))
+    seed = draw(seeds)
+    x = random_tensor((rows, k), dtype, scale, seed)
+    x[:, -1] *= draw(st.sampled_from((1000, 1)))  # an outlier channel (LLMs' massive activations) in the last block
+    if draw(st.booleans()):  # a row of zeros: rsqrt(eps) alone
+        x[draw(st.integers(0, rows - 1))] = 0
+    residual = random_tensor((rows, k), dtype, scale, seed + 1) if draw(st.booleans()) else None
+    norm_weight = random_tensor((k,), dtype, 1.0, seed + 2)
+    weight = random_tensor((n, k), dtype, k**-0.5, seed + 3)
+    bias = random_tensor((n,), dtype, 1.0, seed + 4) if draw(st.booleans()) else None
+    eps = draw(st.sampled_from((1e-6, 1e-5)))
+    return NormLinearCase(x, residual, norm_weight, eps, weight, bias, draw(st.integers(0, 3)) == 3, draw(gaps))
+
+
+def check_norm_linear(bench: Bench, case: NormLinearCase) -> None:
+    """The residual sum bitwise HF's (x itself without a residual); the product within linear's bound of the exact
+    product of HF's normed rows, plus, where the norm may be off by the op's ulps, what that moves the product."""
+    x = guarded("x", _dev(bench, case.x), case.gap)
+    norm_weight = guarded("norm weight", _dev(bench, case.norm_weight))
+    w_values = _dev(bench, case.weight)
+    w = guarded("weight", w_values.t().contiguous() if case.column_major else w_values)
+    weight = w.view.t() if case.column_major else w.view
+    guards: list[Guarded] = [x, norm_weight, w]
+    views = {"x": x.view}
+    residual = bias = None
+    if case.residual is not None:
+        r = guarded("residual", _dev(bench, case.residual), case.gap)
+        guards.append(r)
+        residual = views["residual"] = r.view
+    if case.bias is not None:
+        b = guarded("bias", _dev(bench, case.bias))
+        guards.append(b)
+        bias = views["bias"] = b.view
+    call = describe({**views, "norm_weight": norm_weight.view, "weight": weight}, eps=case.eps)
+    out = bench.run_kernel("norm_linear", "norm_linear", x.view, residual, norm_weight.view, case.eps, weight, bias)
+    assert isinstance(out, tuple)
+    got, total = out
+    want_total = _dev(bench, case.x) if case.residual is None else _dev(bench, case.x) + _dev(bench, case.residual)
+    assert_bitwise("norm_linear", call, "the residual sum", total, want_total)
+    normed = ref.rms_norm(want_total, norm_weight.view, case.eps)
+    exact, magnitude = ref.linear_exact(normed, w_values, bias)
+    bound = dot_bound(exact, magnitude, case.weight.shape[1], bench.dtype, bias is not None or reduced_reduction(bench))
+    ulps = bench.ulps("norm_linear")
+    if ulps:
+        bound = bound + ref.linear_exact(rounding_bound(normed, bench.dtype, ulps), w_values.abs(), None)[0]
+    what = "float32 accumulation, one rounding" + (f", inputs {ulps} ulp of HF's norm" if ulps else "")
+    assert_within("norm_linear", call, "out", got, exact, bound, what)
+    assert_untouched("norm_linear", guards)
 
 
 # ---- the KV store ------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ def label(key: str, name: str) -> str:
 
 BUILTIN_HOMES = (
     Home(label("kernels", "triton"), "engine.layers.triton_kernels", launches=True),
+    Home(label("kernels", "triton"), "engine.layers.triton_gemv", launches=True),
     Home(label("kernels", "triton"), "engine.attention.page_ids", launches=True),
     Home(label("kernels", REFERENCE), "engine.layers.kernels",
          ("TorchKernels.", "LayerKernels.", "rms_norm_reference")),

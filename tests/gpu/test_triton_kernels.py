@@ -124,7 +124,7 @@ def test_gemv_is_within_a_rounding_of_the_exact_product(
     x = torch.randn(rows, in_features * (2 if gated else 1), device="cuda", generator=g).bfloat16()
     w = (torch.randn(out_features, in_features, device="cuda", generator=g) / in_features**0.5).bfloat16()
     bias = torch.randn(out_features, device="cuda", generator=g).bfloat16() if form == "bias" else None
-    from engine.layers import triton_kernels as tk
+    from engine.layers import triton_gemv as tk
 
     assert tk.gemv_fits(x, w, gated)
     got = triton_kernels.linear(x, w, bias, gated)
@@ -136,7 +136,7 @@ def test_gemv_is_within_a_rounding_of_the_exact_product(
 
 
 def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_kernels: LayerKernels) -> None:
-    from engine.layers import triton_kernels as tk
+    from engine.layers import triton_gemv as tk
 
     narrowing = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     widening = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)

@@ -1,7 +1,8 @@
 """Kernel mutants: the bugs the op-level properties (properties/test_op_*.py) exist for. They live at the
 boundaries strategies must reach: a tile tail, a softmax past float32's exp overflow, an element offset past 2**31, a
 slot written twice, a write past the slots asked for, a fused kernel that stores K before its RoPE, a kernel that
-silently hands its work to the reference, a host copy read before it lands."""
+silently hands its work to the reference, a host copy read before it lands, a norm whose sum of squares stops at the
+first block."""
 
 from __future__ import annotations
 
@@ -152,6 +153,29 @@ def triton_slot_count_skipped() -> Any:
 
 def triton_rope_store_k_unrotated() -> contextlib.AbstractContextManager[None]:
     return swap(TritonKernels, "norm_rope_store", _norm_rope_store_k_unrotated)
+
+
+@contextlib.contextmanager
+def norm_gemv_rms_first_block() -> Any:
+    """The norm folded into the GEMV takes each row's sum of squares over the first K block only (a reduction loop
+    that stops after one tile): rows wider than the GEMV's K block are divided by the wrong rms."""
+    from engine.layers import triton_gemv
+
+    original = triton_gemv.norm_gemv
+
+    def norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        n, k = weight.shape
+        block_k = triton_gemv.gemv_blocks(x.numel() // k, n, k)[2]
+        if k <= block_k:
+            return original(x, residual, norm_weight, eps, weight, bias)
+        total = x if residual is None else x + residual
+        h = total.float()
+        normed = norm_weight * (h * torch.rsqrt(h[..., :block_k].pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        return triton_gemv.gemv(normed, weight, bias, False), total
+
+    with swap(triton_gemv, "norm_gemv", norm_gemv):
+        yield
 
 
 def host_copy_unwaited() -> contextlib.AbstractContextManager[None]:

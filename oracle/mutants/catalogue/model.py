@@ -32,7 +32,7 @@ def rmsnorm_model_dtype() -> contextlib.AbstractContextManager[None]:
 def gemv_gate_unactivated() -> Iterator[None]:
     """The small-batch GEMV's gated form (down_proj of a decode step of up to 8 rows) multiplies by up alone,
     without SiLU(gate); the cuBLAS path of larger batches is right."""
-    kernels = importlib.import_module("engine.layers.triton_kernels")  # imports triton: CUDA machines only
+    kernels = importlib.import_module("engine.layers.triton_gemv")  # imports triton: CUDA machines only
     original = kernels.gemv
 
     def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
