@@ -209,7 +209,10 @@ class TritonKernels(LayerKernels):
         if op == "norm_rope_store" and not self._k.norm_rope_store_fits(args[0], args[1], args[6], args[7]):
             return "the fused RoPE + KV store needs q and k in one dtype and unit inner strides in the KV slots"
         if op == "linear" and not self._gemv.gemv_fits(args[0], args[1], bool(args[3])):
-            return "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, row-major weights"
+            return (
+                "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows and GEMV_MAX_OUT outputs, "
+                "row-major weights"
+            )
         if op == "norm_linear" and not self._gemv.gemv_fits(args[0], args[4]):
             return "the norm folds into the GEMV only where the GEMV serves the product; else add_rms_norm, then linear"
         return None

@@ -9,8 +9,10 @@ import triton
 import triton.language as tl
 
 from .triton_kernels import _round, _rows
+from .triton_pdl import pdl_on, pdl_release, pdl_wait
 
 GEMV_MAX_ROWS = 8
+GEMV_MAX_OUT = 65536  # a vocabulary-wide LM head streams at full bandwidth through cuBLAS (RESULTS.md)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -18,16 +20,23 @@ GEMV_DTYPES = (torch.bfloat16, torch.float16)
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om, K: tl.constexpr,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """x @ w.T (+ bias) in float32, rounded once; GATED: x is [gate | up] of width 2K, input SiLU(gate) * up."""
+    pdl_release(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    # The first weight tile streams in while the kernel before this one drains (triton_pdl).
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :],
+                mask=n_ok[:, None] & (tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+    pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
+        if k0 > 0:
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x_mask = (rm[:, None] < M) & k_ok[None, :]
         x_at = x_ptr + rm[:, None] * stride_xm + rk[None, :]
         x = tl.load(x_at, mask=x_mask, other=0.0)
@@ -37,7 +46,6 @@ def _gemv_kernel(
             x = _round(_round(g / (1.0 + tl.exp(-g)), up.dtype) * up.to(tl.float32), up.dtype)
         else:
             x = x.to(tl.float32)
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
     out = tl.sum(acc, axis=2)
     if HAS_BIAS:
@@ -72,10 +80,11 @@ def _normed_times_weight(h, inv_rms, nw_ptr, w, rk, k_ok, dt: tl.constexpr):
 def _norm_gemv_kernel(
     x_ptr, res_ptr, sum_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_rm, stride_sm, stride_wn,
     stride_om, eps, K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """RMSNorm(x (+ residual)) @ w.T (+ bias): _rms_norm_kernel's steps, then _gemv_kernel's product; program 0
     alone stores the residual sum."""
+    pdl_release(PDL)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -87,11 +96,13 @@ def _norm_gemv_kernel(
         k_ok = rk < K
         # The weight tile is asked for first, so its load overlaps the norm.
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        pdl_wait(PDL)
         h = _summed_rows(x_ptr, res_ptr, sum_ptr, rm, rk, m_ok[:, None] & k_ok[None, :], stride_xm, stride_rm,
                          stride_sm, pid == 0, HAS_RESIDUAL)
         inv_rms = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
         out = tl.sum(_normed_times_weight(h, inv_rms, nw_ptr, w, rk, k_ok, dt), axis=2)
     else:
+        pdl_wait(PDL)
         squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -115,13 +126,15 @@ def _norm_gemv_kernel(
 
 
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """Single rows, and narrowing products up to GEMV_MAX_ROWS rows: elsewhere cuBLAS is as fast (RESULTS.md)."""
+    """Single rows, and narrowing products up to GEMV_MAX_ROWS rows, up to GEMV_MAX_OUT outputs: elsewhere cuBLAS is as
+    fast (RESULTS.md)."""
     n, k = weight.shape
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
         (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n)
         and x.shape[-1] == (2 * k if gated else k)
         and weight.stride(-1) == 1
+        and n <= GEMV_MAX_OUT
         and weight.numel() < 2**31
         and weight.dtype == x.dtype
         and x.dtype in GEMV_DTYPES
@@ -143,10 +156,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m, block_n, block_k, warps = gemv_blocks(m, n, k)
+    pdl = pdl_on(rows)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         rows, weight, weight if bias is None else bias, out, m, n, rows.stride(0), weight.stride(0),
         out.stride(0), K=k, HAS_BIAS=bias is not None, GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps,
+        BLOCK_K=block_k, PDL=pdl, launch_pdl=pdl, num_warps=warps,
     )
     return out.view(*x.shape[:-1], n)
 
@@ -163,9 +177,11 @@ def norm_gemv(
     n, k = weight.shape
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m, block_n, block_k, warps = gemv_blocks(m, n, k)
+    pdl = pdl_on(rows)
     _norm_gemv_kernel[(triton.cdiv(n, block_n),)](
         rows, res, total, norm_weight, weight, weight if bias is None else bias, out, m, n, rows.stride(0),
         res.stride(0), total.stride(0), weight.stride(0), out.stride(0), eps, K=k, HAS_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, launch_pdl=pdl,
+        num_warps=warps,
     )
     return out.view(*x.shape[:-1], n), x if residual is None else total.view(x.shape)

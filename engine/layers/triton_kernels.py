@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .rotary import RotaryEmbedding
+from .triton_pdl import pdl_on, pdl_release, pdl_wait
 
 
 @triton.jit
@@ -25,8 +26,10 @@ def _round(x, dt: tl.constexpr):
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, sum_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_s, stride_o, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -73,8 +76,10 @@ def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NOR
 @triton.jit
 def _norm_rope_kernel(
     x_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, w_ptr, stride_xt, stride_xh, stride_ot, stride_oh, stride_table, eps,
-    HAS_NORM: tl.constexpr, HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     head = tl.program_id(1)
     pos = tl.load(pos_ptr + t)
@@ -88,7 +93,9 @@ def _norm_rope_kernel(
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -102,8 +109,10 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
 @triton.jit
 def _store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_slot,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     slot = tl.load(loc_ptr + t).to(tl.int64)
     head = tl.arange(0, HEADS)[:, None]
@@ -129,9 +138,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(rows)
     n = rows.shape[1]
     if rows.shape[0]:
+        pdl = pdl_on(rows)
         _rms_norm_kernel[(rows.shape[0],)](
             rows, rows, rows, weight, out, rows.stride(0), 0, 0, out.stride(0), n, eps,
-            HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(n), num_warps=_norm_warps(n),
+            HAS_RESIDUAL=False, BLOCK=triton.next_power_of_2(n), PDL=pdl, launch_pdl=pdl, num_warps=_norm_warps(n),
         )
     return out.view(x.shape)
 
@@ -143,9 +153,10 @@ def add_rms_norm(
     out, total = torch.empty_like(rows), torch.empty_like(rows)
     n = rows.shape[1]
     if rows.shape[0]:
+        pdl = pdl_on(rows)
         _rms_norm_kernel[(rows.shape[0],)](
             rows, res, total, weight, out, rows.stride(0), res.stride(0), total.stride(0), out.stride(0), n, eps,
-            HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(n), num_warps=_norm_warps(n),
+            HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(n), PDL=pdl, launch_pdl=pdl, num_warps=_norm_warps(n),
         )
     return out.view(x.shape), total.view(x.shape)
 
@@ -159,10 +170,11 @@ def norm_rope(
     out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     cos, sin = rotary.tables_in(x.dtype)
     if tokens:
+        pdl = pdl_on(x)
         _norm_rope_kernel[(tokens, heads)](
             x, out, positions, cos, sin, x if weight is None else weight,
             x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0), eps,
-            HAS_NORM=weight is not None, HALF=head_dim // 2, num_warps=1,
+            HAS_NORM=weight is not None, HALF=head_dim // 2, PDL=pdl, launch_pdl=pdl, num_warps=1,
         )
     return out
 
@@ -173,8 +185,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows.shape[0], n), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(n))
     if rows.shape[0]:
+        pdl = pdl_on(rows)
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
-            rows, out, rows.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
+            rows, out, rows.stride(0), out.stride(0), n, BLOCK=block, PDL=pdl, launch_pdl=pdl, num_warps=4
         )
     return out.view(*x.shape[:-1], n)
 
@@ -189,9 +202,10 @@ def store_kv(
 ) -> None:
     tokens, heads, head_dim = k.shape
     if tokens:
+        pdl = pdl_on(k)
         _store_kv_kernel[(tokens,)](
             k, v, k_slots, v_slots, loc, k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_slots.stride(0),
-            HEADS=heads, HEAD_DIM=head_dim, num_warps=4,
+            HEADS=heads, HEAD_DIM=head_dim, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
 
 
@@ -200,10 +214,12 @@ def _norm_rope_store_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, k_cache_ptr, v_cache_ptr, loc_ptr, pos_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_ks, stride_kh_slot, stride_vs, stride_vh_slot, stride_table, q_eps, k_eps, q_heads,
-    Q_NORM: tl.constexpr, K_NORM: tl.constexpr, HALF: tl.constexpr,
+    Q_NORM: tl.constexpr, K_NORM: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (t, h): q head h of token t normed and rotated into out; past the q heads, k head h - q_heads normed
     and rotated, and its v head, stored at slot loc[t]."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     head = tl.program_id(1)
     pos = tl.load(pos_ptr + t)
@@ -244,12 +260,13 @@ def norm_rope_store(
     out = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
     cos, sin = rotary.tables_in(q.dtype)
     if tokens:
+        pdl = pdl_on(q)
         _norm_rope_store_kernel[(tokens, q_heads + k.shape[1])](
             q, k, v, out, k_slots, v_slots, loc, positions, cos, sin,
             q if q_weight is None else q_weight, k if k_weight is None else k_weight,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
             out.stride(1), k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), cos.stride(0),
             q_eps, k_eps, q_heads, Q_NORM=q_weight is not None, K_NORM=k_weight is not None, HALF=head_dim // 2,
-            num_warps=1,
+            PDL=pdl, launch_pdl=pdl, num_warps=1,
         )
     return out

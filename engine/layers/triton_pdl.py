@@ -1,0 +1,36 @@
+"""Programmatic dependent launch (Hopper and later): a kernel launched with it may start while the kernel before it
+drains. The contract every kernel here keeps: before ``pdl_wait`` it loads only what no kernel of a step writes (the
+weights), and it reads its inputs and writes its outputs only after it; ``pdl_release`` lets the next one start."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pdl_wait(ON: tl.constexpr):
+    if ON:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_release(ON: tl.constexpr):
+    if ON:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@functools.cache
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def pdl_on(x: torch.Tensor) -> bool:
+    """Whether kernels on x's device launch with PDL (never in Triton's interpreter, which has no such launch)."""
+    if not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
