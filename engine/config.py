@@ -48,6 +48,8 @@ class EngineConfig:
     distributed_timeout: float = 60.0
     distributed_port: int = 2333
     use_dummy_weight: bool = False
+    # Each request's logits bitwise those of its solo run, whatever the batch (CPU only so far).
+    batch_invariant: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
 
@@ -85,6 +87,7 @@ class EngineConfig:
             "use a TCP port in [1, 65535]",
         )
         self.use_dummy_weight = checked_bool(ConfigError, "use_dummy_weight", self.use_dummy_weight)
+        self.batch_invariant = checked_bool(ConfigError, "batch_invariant", self.batch_invariant)
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(DTYPES)}")
         if not isinstance(self.dtype, (str, torch.dtype)):

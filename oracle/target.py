@@ -1,9 +1,9 @@
 """Target: what the harness checks, named once and handed to every property, ``verify`` and the mutant table.
 
 A target is a device, an engine dtype, the attention backend, the layer kernels and the sampler (names in the
-engine's registries, a plugin's included), CUDA graphs on or off, the page sizes the properties draw, and the
-head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from a preset name with
-optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file holding the same
+engine's registries, a plugin's included), CUDA graphs on or off, batch invariance on or off, the page sizes the
+properties draw, and the head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from
+a preset name with optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file holding the same
 keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option is passed. The
 fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the dtype's name
 and adds what needs the engine.
@@ -64,6 +64,8 @@ class Target(TargetSpec):
             out.append("device=cuda: no CUDA device is available here")
         if self.graphs and self.device != "cuda":
             out.append("graphs=on: CUDA graphs need device=cuda")
+        if self.invariant and (self.device, self.attention, self.kernels) != ("cpu", "torch", "torch"):
+            out.append("invariant=on: batch invariance runs on CPU with torch attention and kernels so far")
         if self.torch_dtype not in LOGIT_TOLERANCES:
             out.append(f"dtype={self.dtype}: the harness has no logit tolerance for it")
         if not out:
@@ -106,6 +108,7 @@ class Target(TargetSpec):
             "step_kernels": self.step_kernels,
             "sampler_backend": self.sampler,
             "cuda_graph_bs": None if self.graphs else [],
+            "batch_invariant": self.invariant,
         }
         settings.update(fields)
         return EngineConfig(str(model), **settings)

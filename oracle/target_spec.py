@@ -35,6 +35,7 @@ class TargetSpec:
     graphs: bool = False
     page_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     head_dim: int = 16
+    invariant: bool = False  # EngineConfig.batch_invariant
 
     def describe(self) -> dict[str, Any]:
         """The fields as plain data, for reports."""
@@ -77,12 +78,12 @@ def _int(value: object) -> int | None:
 def _field(key: str, value: object) -> object:
     """A field value from a string (the short form) or a TOML value, through the same checks (a dtype's name: by
     oracle.target)."""
-    if key == "graphs":
+    if key in ("graphs", "invariant"):
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in _BOOLS:
             return _BOOLS[value.lower()]
-        raise TargetError(f"graphs={value!r}: use on or off")
+        raise TargetError(f"{key}={value!r}: use on or off")
     if key == "page_sizes":
         use = "use sizes >= 1 separated by '/', e.g. 1/4/16 (in TOML, a list of ints)"
         items = value.replace(":", "/").split("/") if isinstance(value, str) else value

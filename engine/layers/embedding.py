@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..core import Context
 
 
 class Embedding(nn.Module):
@@ -23,6 +28,6 @@ class LMHead(nn.Module):
         if tied_to is None:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        return F.linear(hidden, weight)
+        return ctx.kernels.lm_head(hidden, weight)

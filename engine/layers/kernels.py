@@ -73,6 +73,10 @@ class LayerKernels(ABC):
         """F.linear(x, weight, bias); gated: x is a merged [gate | up] projection and the input is SiLU(gate) * up."""
         return F.linear(self.silu_and_mul(x) if gated else x, weight, bias)
 
+    def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The logits F.linear(x, weight) of the last tokens' hidden states."""
+        return F.linear(x, weight)
+
     def arrange_weights(self, model: nn.Module) -> None:
         """Lay the loaded weights out for these kernels' matrix products (CUDA only)."""
         narrowing_weights_column_major(model)
@@ -112,6 +116,28 @@ class TorchKernels(LayerKernels):
 
 
 TORCH_KERNELS = TorchKernels()
+
+
+def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear one row at a time: a GEMM's reduction order per row depends on the row count, a lone row's does not."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.cat([F.linear(rows[i : i + 1], weight, bias) for i in range(rows.shape[0])])
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class InvariantKernels(TorchKernels):
+    """The torch reference with batch-invariant products (EngineConfig.batch_invariant): each token's row is its own
+    product, so its logits cannot depend on the other tokens in the batch; norms and SiLU already reduce per row."""
+
+    name = "torch-invariant"
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        return rowwise_linear(self.silu_and_mul(x) if gated else x, weight, bias)
+
+    def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rowwise_linear(x, weight)
 
 
 class TritonKernels(LayerKernels):

@@ -116,4 +116,4 @@ class DecoderForCausalLM(nn.Module):
         metadata = ctx.batch.attn_metadata
         assert metadata is not None
         hidden = hidden[metadata.get_last_indices()]
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden, ctx).float()

@@ -29,7 +29,7 @@ class SparseMoeBlock(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return self.experts(hidden, self.gate(hidden, ctx))
+        return self.experts(hidden, self.gate(hidden, ctx), ctx.batch_invariant)
 
 
 @register_model("Qwen3MoeForCausalLM")

@@ -1,0 +1,100 @@
+"""Property: batch invariance, exact (issue #27). Runs only on a target with ``invariant=on``.
+
+Greedy requests run together, on a drawn page size and page layout (after churn that frees pages for reuse), some
+with a chunked prefill, optionally under a prefill token budget, and leave the batch at different steps. Each one then
+runs alone, unchunked, on a page-size-1 engine with contiguous pages. Its logits at every step must be ``torch.equal``
+to the solo run's: no tolerance, so the property holds only where no reduction's order depends on the batch.
+
+Negative control: the same check on the same target with invariant off finds a difference on CPU fp32 for a fixed
+example (two requests, 9 and 5 prompt tokens, 3 new tokens each), where the batched projections round differently.
+
+Bug classes: a product, norm, attention or LM head whose reduction order depends on the number of rows, the padding
+or the chunking (mutant linear_rows_by_count). Vacuity floors: most examples batch two or more requests, and some
+chunk a prefill and reuse freed pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import SamplingParams
+from oracle.budget import examples
+from oracle.coverage import exercised, floors
+from oracle.drive import TINY_VOCAB, EnginePool, continuous_archs, run_requests
+from oracle.strategies import LayoutSpec, RequestSpec, batches, layouts, sampling_params
+from oracle.target import Target
+
+BATCHED = "two or more requests run together"
+CHUNKED = "a prefill is chunked (drawn chunks or a prefill budget)"
+CHURNED = "the requests reuse pages freed by churn"
+
+
+def differences(
+    engines: EnginePool, model: Path, specs: Sequence[RequestSpec], layout: LayoutSpec, budget: int | None
+) -> list[str]:
+    """Where a request's batched logits are not bitwise its solo run's (empty when invariant)."""
+    batched = run_requests(engines.get(model, layout.page_size), specs, layout, max_prefill_tokens=budget)
+    solo_engine = engines.get(model, 1)
+    found = []
+    for i, (spec, ours) in enumerate(zip(specs, batched)):
+        solo = run_requests(solo_engine, [RequestSpec(spec.prompt, spec.params)])[0]
+        if ours.output_ids != solo.output_ids:
+            found.append(f"request {i}: tokens {ours.output_ids} batched, {solo.output_ids} alone")
+            continue
+        for step, (row, ref) in enumerate(zip(ours.logits, solo.logits)):
+            if not torch.equal(row, ref):
+                worst = (row - ref).abs().max().item()
+                found.append(f"request {i} step {step}: logits differ from its solo run's (max |diff| {worst:.3g})")
+    return found
+
+
+@pytest.fixture(scope="module")
+def invariant_target(target: Target) -> Target:
+    if not target.invariant:
+        pytest.skip("needs a target with invariant=on (e.g. --target cpu-fp32,invariant=on)")
+    return target
+
+
+@settings(max_examples=examples(4.0))
+@given(data=st.data())
+@floors({BATCHED: 0.7, CHUNKED: 0.3, CHURNED: 0.3})
+def test_logits_are_bitwise_those_of_the_solo_run(
+    data: st.DataObject, tiny_models: dict[str, Path], engines: EnginePool, invariant_target: Target
+) -> None:
+    arch = data.draw(st.sampled_from(continuous_archs(invariant_target)), label="arch")
+    layout = data.draw(layouts(TINY_VOCAB, invariant_target.page_sizes), label="layout")
+    greedy = sampling_params(TINY_VOCAB, greedy=True, max_tokens=st.integers(1, 6))
+    specs = data.draw(
+        batches(TINY_VOCAB, 4, 40, layout.page_size, greedy, split=data.draw(st.booleans(), label="split")),
+        label="requests",
+    )
+    budget = data.draw(st.none() | st.integers(1, 24), label="max_prefill_tokens")
+    exercised(BATCHED, len(specs) > 1)
+    exercised(CHUNKED, budget is not None or any(len(s.chunk_sizes) > 1 for s in specs))
+    exercised(CHURNED, bool(layout.churn))
+    found = differences(engines, tiny_models[arch], specs, layout, budget)
+    assert not found, "; ".join(found)
+
+
+CONTROL_SPECS = [
+    RequestSpec(tuple(range(1, 10)), SamplingParams(max_tokens=3, ignore_eos=True)),
+    RequestSpec(tuple(range(20, 25)), SamplingParams(max_tokens=3, ignore_eos=True)),
+]
+
+
+def test_negative_control_finds_a_difference_with_invariant_off(
+    tiny_models: dict[str, Path], invariant_target: Target
+) -> None:
+    pool = EnginePool(dataclasses.replace(invariant_target, invariant=False))
+    try:
+        found = differences(pool, tiny_models["qwen3"], CONTROL_SPECS, LayoutSpec(1), None)
+    finally:
+        pool.close()
+    assert found, "with invariant off the batched run matched the solo runs bitwise: the control shows nothing"
