@@ -3,7 +3,7 @@ public fixes of that bug class, its patch (:mod:`oracle.mutants.catalogue`) and 
 
 from __future__ import annotations
 
-from .catalogue import attention, driver, kernels, kv, model, sampling, step
+from .catalogue import attention, driver, invariance, kernels, kv, model, sampling, step
 from .catalogue.base import Mutant
 
 MUTANTS: dict[str, Mutant] = {
@@ -381,6 +381,25 @@ MUTANTS: dict[str, Mutant] = {
             "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",
             kernels.host_copy_unwaited,
             device="cuda",
+        ),
+        # ---- batch invariance (issue #27): only the exact property sees these ----
+        Mutant(
+            "linear_rows_by_count",
+            "in batch-invariant mode the projections run batches of up to 8 rows as one GEMM (a small-batch fast "
+            "path), so a decode step's rows round with their batch size",
+            "thinking-machines-lab/batch_invariant_ops (matmul reduction order chosen by the batch size), "
+            "vllm-project/vllm and sgl-project/sglang deterministic-inference modes",
+            invariance.linear_rows_by_count,
+            needs=(("invariant", True),),
+        ),
+        Mutant(
+            "attention_decode_padded",
+            "in batch-invariant mode decode batches still take one SDPA call over keys padded to the longest "
+            "request and masked, so a request's attention depends on its batch-mates' lengths",
+            "sgl-project/sglang deterministic inference (attention split fixed per sequence, not per batch), "
+            "vllm-project/vllm batch-invariant attention",
+            invariance.attention_decode_padded,
+            needs=(("invariant", True),),
         ),
         # ---- stop tokens ----
         Mutant(

@@ -1,0 +1,48 @@
+"""Batch-invariance mutants (issue #27): each breaks one reduction of the invariant mode (EngineConfig.batch_invariant)
+so that a request's logits depend on its batch again, within rounding: only an exact property can see them."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
+from engine.layers.kernels import InvariantKernels, rowwise_linear
+
+from .base import swap
+
+SMALL_BATCH_ROWS = 8
+
+
+def _linear_small_batches_fused(
+    self: InvariantKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """Up to SMALL_BATCH_ROWS rows run as one GEMM (a small-batch fast path), so a decode batch's rows round as a
+    block of its size; longer inputs stay row-wise."""
+    x = self.silu_and_mul(x) if gated else x
+    return F.linear(x, weight, bias) if x.shape[0] <= SMALL_BATCH_ROWS else rowwise_linear(x, weight, bias)
+
+
+def linear_rows_by_count() -> contextlib.AbstractContextManager[None]:
+    return swap(InvariantKernels, "linear", _linear_small_batches_fused)
+
+
+def _per_token_decode_padded(
+    q: torch.Tensor, meta: TorchAttnMetadata, k_slots: torch.Tensor, v_slots: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """Decode batches keep the one padded, masked SDPA call: its key padding follows the longest request."""
+    if all(qe - qs == 1 for qs, qe in meta.q_ranges) and meta.cached_lens and all(
+        cached == len(slots) - 1 for slots, cached in zip(meta.kv_slots, meta.cached_lens)
+    ):
+        return TorchAttnBackend._decode(q, meta, k_slots, v_slots, gqa)
+    return _ORIGINAL_PER_TOKEN(q, meta, k_slots, v_slots, gqa)
+
+
+_ORIGINAL_PER_TOKEN = TorchAttnBackend._per_token
+
+
+def attention_decode_padded() -> contextlib.AbstractContextManager[None]:
+    return swap(TorchAttnBackend, "_per_token", staticmethod(_per_token_decode_padded))
