@@ -3,10 +3,10 @@
 A target is a device, an engine dtype, the attention backend, the layer kernels and the sampler (names in the
 engine's registries, a plugin's included), CUDA graphs on or off, batch invariance on or off, the page sizes the
 properties draw, and the head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from
-a preset name with optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file holding the same
-keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option is passed. The
-fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the dtype's name
-and adds what needs the engine.
+a preset name with optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file
+holding the same keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option
+is passed. The fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the
+dtype's name and adds what needs the engine.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Reference attention in plain torch: per request, SDPA over its gathered K/V slots with a bottom-right causal mask;
-a decode batch as one SDPA call over keys padded to the longest request and masked. Batch-invariant (ctx.batch_invariant):
-each query token alone over exactly its keys, the same call whatever the batch, padding or prefill chunking.
+a decode batch as one SDPA call over keys padded to the longest request and masked. Batch-invariant
+(ctx.batch_invariant): each query token alone over exactly its keys, the same call whatever the batch, padding or
+prefill chunking.
 """
 
 from __future__ import annotations
