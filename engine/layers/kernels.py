@@ -118,26 +118,32 @@ class TorchKernels(LayerKernels):
 TORCH_KERNELS = TorchKernels()
 
 
-def rowwise_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear one row at a time: a GEMM's reduction order per row depends on the row count, a lone row's does not."""
+BLOCK_ROWS = 8
+
+
+def blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear in zero-padded blocks of BLOCK_ROWS rows: one GEMM shape whatever the row count, whose per-row
+    reduction order then depends on neither the number of rows nor the other rows (a lone row would take a GEMV)."""
     rows = x.reshape(-1, x.shape[-1])
-    out = torch.cat([F.linear(rows[i : i + 1], weight, bias) for i in range(rows.shape[0])])
-    return out.view(*x.shape[:-1], weight.shape[0])
+    n = rows.shape[0]
+    padded = torch.cat([rows, rows.new_zeros(-n % BLOCK_ROWS, rows.shape[1])])
+    out = torch.cat([F.linear(block, weight, bias) for block in padded.split(BLOCK_ROWS)])
+    return out[:n].view(*x.shape[:-1], weight.shape[0])
 
 
 class InvariantKernels(TorchKernels):
-    """The torch reference with batch-invariant products (EngineConfig.batch_invariant): each token's row is its own
-    product, so its logits cannot depend on the other tokens in the batch; norms and SiLU already reduce per row."""
+    """The torch reference with batch-invariant products (EngineConfig.batch_invariant): every product runs in fixed
+    row blocks, so a token's logits cannot depend on the other tokens in the batch; norms and SiLU reduce per row."""
 
     name = "torch-invariant"
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
-        return rowwise_linear(self.silu_and_mul(x) if gated else x, weight, bias)
+        return blocked_linear(self.silu_and_mul(x) if gated else x, weight, bias)
 
     def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return rowwise_linear(x, weight)
+        return blocked_linear(x, weight)
 
 
 class TritonKernels(LayerKernels):

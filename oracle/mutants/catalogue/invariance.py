@@ -9,25 +9,22 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
-from engine.layers.kernels import InvariantKernels, rowwise_linear
+from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, blocked_linear
 
 from .base import swap
 
-SMALL_BATCH_ROWS = 8
-
-
-def _linear_small_batches_fused(
+def _linear_last_block_unpadded(
     self: InvariantKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     gated: bool = False,
 ) -> torch.Tensor:
-    """Up to SMALL_BATCH_ROWS rows run as one GEMM (a small-batch fast path), so a decode batch's rows round as a
-    block of its size; longer inputs stay row-wise."""
+    """Inputs of fewer than BLOCK_ROWS rows run unpadded, so their row count picks the GEMM shape (a lone decode row
+    a GEMV): a decode batch's rows round with its size."""
     x = self.silu_and_mul(x) if gated else x
-    return F.linear(x, weight, bias) if x.shape[0] <= SMALL_BATCH_ROWS else rowwise_linear(x, weight, bias)
+    return F.linear(x, weight, bias) if x.shape[0] < BLOCK_ROWS else blocked_linear(x, weight, bias)
 
 
 def linear_rows_by_count() -> contextlib.AbstractContextManager[None]:
-    return swap(InvariantKernels, "linear", _linear_small_batches_fused)
+    return swap(InvariantKernels, "linear", _linear_last_block_unpadded)
 
 
 def _per_token_decode_padded(
