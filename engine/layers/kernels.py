@@ -118,7 +118,7 @@ class TorchKernels(LayerKernels):
 TORCH_KERNELS = TorchKernels()
 
 
-BLOCK_ROWS = 8
+BLOCK_ROWS = 2
 
 
 def blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -385,8 +385,8 @@ MUTANTS: dict[str, Mutant] = {
         # ---- batch invariance (issue #27): only the exact property sees these ----
         Mutant(
             "linear_rows_by_count",
-            "in batch-invariant mode the projections run inputs of fewer than 8 rows unpadded, so the row count "
-            "picks the GEMM shape and a decode step's rows round with their batch size",
+            "in batch-invariant mode a projection's input shorter than one row block runs unpadded, so a lone "
+            "decode row takes a GEMV and rounds unlike the same row in a batch's GEMM blocks",
             "thinking-machines-lab/batch_invariant_ops (matmul reduction order chosen by the batch size), "
             "vllm-project/vllm and sgl-project/sglang deterministic-inference modes",
             invariance.linear_rows_by_count,

@@ -17,8 +17,8 @@ def _linear_last_block_unpadded(
     self: InvariantKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     gated: bool = False,
 ) -> torch.Tensor:
-    """Inputs of fewer than BLOCK_ROWS rows run unpadded, so their row count picks the GEMM shape (a lone decode row
-    a GEMV): a decode batch's rows round with its size."""
+    """Inputs shorter than one block run unpadded, so their row count picks the product (a lone decode row a GEMV):
+    a request's rows round differently alone and in a batch."""
     x = self.silu_and_mul(x) if gated else x
     return F.linear(x, weight, bias) if x.shape[0] < BLOCK_ROWS else blocked_linear(x, weight, bias)
 
