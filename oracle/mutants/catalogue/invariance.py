@@ -13,6 +13,9 @@ from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, blocked_linear
 
 from .base import swap
 
+_ORIGINAL_PER_TOKEN = TorchAttnBackend._per_token
+
+
 def _linear_last_block_unpadded(
     self: InvariantKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     gated: bool = False,
@@ -36,9 +39,6 @@ def _per_token_decode_padded(
     ):
         return TorchAttnBackend._decode(q, meta, k_slots, v_slots, gqa)
     return _ORIGINAL_PER_TOKEN(q, meta, k_slots, v_slots, gqa)
-
-
-_ORIGINAL_PER_TOKEN = TorchAttnBackend._per_token
 
 
 def attention_decode_padded() -> contextlib.AbstractContextManager[None]:
