@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -12,10 +11,12 @@ from typing import Protocol
 
 import torch
 
+from . import sample_graph
 from .core import Batch, Req
 from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
+from .sample_noise import generator_noise_, seeded_noise_for
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
@@ -49,7 +50,6 @@ def step_seed(seed: int, position: int) -> int:
 
 
 DrawFn = Callable[[torch.Tensor, "BatchSamplingArgs"], torch.Tensor]
-NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (noise, rows, seeds): fill those rows
 
 
 class BaseSampler(ABC):
@@ -62,12 +62,8 @@ class BaseSampler(ABC):
         self.device = device
         self.vocab_size = vocab_size
         self.generator = torch.Generator(device=device)
-        self._graph_buffers: dict[int, torch.Tensor] = {}
-        self._seeded_noise: NoiseFn = _generator_noise_
-        if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-            from .sample_triton import seeded_noise_
-
-            self._seeded_noise = seeded_noise_  # on the device, no host sync: capturable
+        self._graph_params = sample_graph.StaticParams(device, vocab_size)
+        self._seeded_noise = seeded_noise_for(device)
         if seed is None:
             self.generator.seed()
         else:
@@ -122,7 +118,8 @@ class BaseSampler(ABC):
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
             if args.graph_mode is not None:
-                args.graph_params = upload(self._graph_params(batch, args), self.device)
+                block = sample_graph.pack(params, row_seeds, batch.padded_size - batch.size, self.vocab_size)
+                args.graph_params = upload(block, self.device)
         return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
@@ -160,44 +157,24 @@ class BaseSampler(ABC):
     def graph_modes(self) -> tuple[str, ...]:
         """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
         drawn by filtered_probs and the seeded noise) where that noise needs no host (CPU has no graphs: eager)."""
-        return ("seeded",) if self._seeded_noise is not _generator_noise_ or self.device.type == "cpu" else ()
+        return ("seeded",) if self._seeded_noise is not generator_noise_ or self.device.type == "cpu" else ()
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         sampled_seeds = [seed for seed, greedy in zip(args.row_seeds, args.greedy_rows) if not greedy]
         return "seeded" if "seeded" in self.graph_modes() and None not in sampled_seeds else None
 
-    def _graph_params(self, batch: Batch, args: BatchSamplingArgs) -> torch.Tensor:
-        vocab, pad = self.vocab_size, batch.padded_size - batch.size
-        params = [r.sampling_params for r in batch.reqs]
-        cols = [(float(p.is_greedy), 1.0 if p.is_greedy else p.temperature, p.top_k if 0 < p.top_k < vocab else vocab,
-                 p.top_p, p.min_p) for p in params] + [self._greedy_row()] * pad
-        floats = torch.tensor(cols, dtype=torch.float64).T.contiguous().view(torch.int64)
-        seeds = torch.tensor([[seed or 0 for seed in args.row_seeds] + [0] * pad])
-        return torch.cat([floats, seeds])
-
-    def _greedy_row(self) -> tuple[float, ...]:
-        """A captured step's padding row: greedy, every filter off."""
-        return (1.0, 1.0, float(self.vocab_size), 1.0, 0.0)
-
-    def _static_params(self, bs: int) -> torch.Tensor:
-        if bs not in self._graph_buffers:  # greedy rows until a batch loads its own
-            floats = torch.tensor([self._greedy_row()] * bs, dtype=torch.float64).T.contiguous().view(torch.int64)
-            self._graph_buffers[bs] = upload(torch.cat([floats, torch.zeros(1, bs, dtype=torch.int64)]), self.device)
-        return self._graph_buffers[bs]
-
     def load_graph_params(self, args: BatchSamplingArgs) -> None:
         """Copy a batch's graph_params into the static buffer its captured step reads (before the replay)."""
         assert args.graph_params is not None
-        self._static_params(args.graph_params.shape[1]).copy_(args.graph_params, non_blocking=True)
+        self._graph_params.load(args.graph_params)
 
     def graph_draw(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
         """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded. Every
         filter is applied (top-k vocab, top-p 1 and min-p 0 leave a row as it is), so one step serves any mix."""
-        static = self._static_params(logits.shape[0])
-        p = static[:5].view(torch.float64)
-        args = BatchSamplingArgs(False, p[0] > 0.5, p[1].float(), p[2].long(), self.vocab_size, p[3], p[4].float(),
+        greedy, temperature, top_k, top_p, min_p, seeds = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
+        args = BatchSamplingArgs(False, greedy, temperature, top_k, self.vocab_size, top_p, min_p,
                                  [None] * logits.shape[0])
-        return self._tokens(logits, args, self._graph_draw_fn(mode, static[5]))
+        return self._tokens(logits, args, self._graph_draw_fn(mode, seeds))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
         if mode != "seeded":
@@ -377,13 +354,6 @@ class Sampler(BaseSampler):
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
             scores = scores.masked_fill(probs < threshold, float("-inf"))
         return scores.softmax(dim=-1)
-
-
-def _generator_noise_(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor) -> None:
-    """noise[rows[i]] = Exp(1) numbers of a generator seeded with seeds[i] (reads both on the host)."""
-    for row, seed in zip(rows.tolist(), seeds.tolist()):
-        noise[row].exponential_(generator=torch.Generator(device=noise.device).manual_seed(seed))
-        noise[row].clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
-NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped"}
+NEEDS_TRITON = {"gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row"}
 
 
 def _patched() -> tuple[type | ModuleType, ...]:
@@ -73,9 +73,10 @@ def _patched() -> tuple[type | ModuleType, ...]:
     if importlib.util.find_spec("triton") is None:
         return PATCHED
     import engine.layers.triton_kernels as triton_kernels
+    import engine.sample_triton as sample_triton
     import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels, step_triton)
+    return (*PATCHED, triton_kernels, step_triton, sample_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:
@@ -115,9 +116,10 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
     assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_lengths_frozen" not in flashinfer
     assert "triton_decode_lengths_frozen" in triton and "flashinfer_last_page_len_modulo" not in triton
-    # Every CUDA target copies its host tokens; nothing else of the CUDA mutants runs on the torch one.
+    # Every CUDA target copies its host tokens and draws seeded noise with Triton; nothing else of the CUDA mutants
+    # runs on the torch one.
     assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == [
-        "host_copy_unwaited"
+        "seeded_noise_by_row", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     invariant = ["linear_rows_by_count", "attention_decode_padded"]  # the batch-invariant mode's own code

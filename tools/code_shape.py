@@ -57,7 +57,8 @@ def imports(path: Path, here: str, known: set[str]) -> dict[str, str]:
             if isinstance(node, ast.Import):  # `import a.b.c` runs a, a.b and a.b.c: keep the deepest known
                 while target and target not in known:
                     target = target.rpartition(".")[0]
-            if target in known and target != here and rank[how] < rank.get(found.get(target, ""), 3):
+            ancestor = here.startswith(target + ".")  # a parent package: loaded before `here` anyway
+            if target in known and target != here and not ancestor and rank[how] < rank.get(found.get(target, ""), 3):
                 found[target] = how
         visit(node, how)
 
