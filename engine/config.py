@@ -26,6 +26,13 @@ DTYPES = {
 }
 
 
+# batch_invariant's attention backend and layer kernels per device: each reduces every row or token alone.
+INVARIANT_BACKENDS: dict[str, tuple[str, str]] = {
+    "cpu": ("torch", "torch"),
+    "cuda": ("triton_invariant", "triton_invariant"),
+}
+
+
 @dataclass
 class EngineConfig:
     model_path: str
@@ -48,7 +55,7 @@ class EngineConfig:
     distributed_timeout: float = 60.0
     distributed_port: int = 2333
     use_dummy_weight: bool = False
-    # Each request's logits bitwise those of its solo run, whatever the batch (CPU only so far).
+    # Each request's logits bitwise those of its solo run, whatever the batch (INVARIANT_BACKENDS run it).
     batch_invariant: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, STEP_KERNELS, EngineConfig, Where
-from engine.config import DTYPES
+from engine.config import DTYPES, INVARIANT_BACKENDS
 from engine.registry import Registry
 from engine.sample import BaseSampler
 
@@ -64,8 +64,12 @@ class Target(TargetSpec):
             out.append("device=cuda: no CUDA device is available here")
         if self.graphs and self.device != "cuda":
             out.append("graphs=on: CUDA graphs need device=cuda")
-        if self.invariant and (self.device, self.attention, self.kernels) != ("cpu", "torch", "torch"):
-            out.append("invariant=on: batch invariance runs on CPU with torch attention and kernels so far")
+        wanted = INVARIANT_BACKENDS.get(self.device)
+        if self.invariant and (self.attention, self.kernels) != wanted:
+            out.append(
+                f"invariant=on: batch invariance runs on {self.device} with attention={wanted[0]} and kernels="
+                f"{wanted[1]}" if wanted else f"invariant=on: batch invariance does not run on {self.device}"
+            )
         if self.torch_dtype not in LOGIT_TOLERANCES:
             out.append(f"dtype={self.dtype}: the harness has no logit tolerance for it")
         if not out:

@@ -62,6 +62,9 @@ PRESETS: dict[str, TargetSpec] = {
     )
 }
 
+# What invariant=on runs on CUDA (engine.config.INVARIANT_BACKENDS): `cuda-bf16,invariant=on` needs no more keys.
+INVARIANT_CUDA = {"attention": "triton_invariant", "kernels": "triton_invariant"}
+
 _BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
@@ -113,7 +116,10 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
     if unknown:
         raise TargetError(f"unknown target key(s) {', '.join(unknown)}; keys: {', '.join(KEYS)}")
     fields = {k: _field(k, v) for k, v in overrides.items()}
-    return dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+    spec = dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+    if spec.invariant and spec.device == "cuda":  # the invariant kernels, unless the keys name others
+        spec = dataclasses.replace(spec, **{k: v for k, v in INVARIANT_CUDA.items() if k not in overrides})
+    return spec
 
 
 def _name(key: str, value: object) -> str:

@@ -111,6 +111,11 @@ ENGINE_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("unknown sampler", {"sampler_backend": "fast"}, ("'fast'",)),
     ("unknown MoE backend", {"moe_backend": "deepep"}, ("'deepep'",)),
     ("float16 on CPU", {"dtype": "float16"}, ("float16", "CPU")),
+    (
+        "batch_invariant with kernels that are not invariant",
+        {"batch_invariant": True, "layer_kernels": "triton_invariant"},
+        ("batch_invariant=True on cpu", "layer_kernels='torch'", "got attention_backend='auto'"),
+    ),
     ("absent CUDA device", {"device": "cuda:7"}, ("cuda:7",)),
 ]
 

@@ -29,7 +29,7 @@ from engine.driver.requests import Requests
 from engine.engine import Engine
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
-from engine.layers.kernels import InvariantKernels, TorchKernels, TritonKernels
+from engine.layers.kernels import InvariantKernels, TorchKernels, TritonInvariantKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
 from engine.step import ForwardOutput, slots
@@ -61,6 +61,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     TorchKernels,
     InvariantKernels,
     TritonKernels,
+    TritonInvariantKernels,
     slots,
     ForwardOutput,
 )
@@ -125,6 +126,8 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     invariant = ["linear_rows_by_count", "attention_decode_padded"]  # the batch-invariant mode's own code
     assert mutants_for("cpu", parse("cpu-fp32")) == [m for m in mutants_for("cpu") if m not in invariant]
     assert set(invariant) <= set(mutants_for("cpu", parse("cpu-fp32,invariant=on")))
+    assert "matmul_split_k_by_rows" in mutants_for("cuda", parse("cuda-bf16,invariant=on"))
+    assert "matmul_split_k_by_rows" not in mutants_for("cuda", parse("cuda-bf16"))
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))

@@ -41,6 +41,11 @@ def test_overrides_and_toml_files(tmp_path: Path) -> None:
     invariant = parse("cpu-fp32,invariant=on")
     assert invariant.invariant is True and invariant.describe()["invariant"] is True
     assert parse("cpu-fp32").invariant is False
+    # On CUDA invariant=on names the invariant attention and kernels itself, unless the keys name others.
+    cuda = parse("cuda-bf16,invariant=on")
+    assert (cuda.attention, cuda.kernels, cuda.graphs) == ("triton_invariant", "triton_invariant", True)
+    assert parse("cuda-bf16,invariant=on,attention=flashinfer").attention == "flashinfer"
+    assert parse("cuda-bf16").attention == "flashinfer"
     path = tmp_path / "mine.toml"
     path.write_text('preset = "cpu-fp32"\nattention = "example"\npage_sizes = [2, 8]\ngraphs = false\n')
     t = parse(str(path))
@@ -110,7 +115,7 @@ def test_a_target_that_cannot_run_here_says_why() -> None:
         parse("cpu-fp32,attention=mine").require()
     with pytest.raises(TargetError, match="graphs=on: CUDA graphs need device=cuda"):
         parse("cpu-fp32,graphs=on").require()
-    with pytest.raises(TargetError, match="invariant=on: batch invariance runs on CPU"):
+    with pytest.raises(TargetError, match="invariant=on: batch invariance runs on cpu with attention=torch"):
         parse("cpu-fp32,invariant=on,kernels=triton").require()
     if not torch.cuda.is_available():
         with pytest.raises(TargetError, match="device=cuda: no CUDA device is available here"):

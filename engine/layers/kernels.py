@@ -1,6 +1,7 @@
 """The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store) behind
 LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch' runs HF's op sequence (the
-reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a small-batch GEMV.
+reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a small-batch GEMV;
+'triton_invariant' (CUDA, EngineConfig.batch_invariant) takes every product in one fixed tile configuration.
 """
 
 from __future__ import annotations
@@ -200,12 +201,44 @@ class TritonKernels(LayerKernels):
         return None
 
 
+class TritonInvariantKernels(TritonKernels):
+    """TritonKernels with every product and the LM head in the one-configuration matmul (triton_matmul.py), for
+    EngineConfig.batch_invariant on CUDA; the norms, RoPE, SiLU and KV store already run one program per row."""
+
+    name = "triton_invariant"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from . import triton_matmul
+
+        self._mm: ModuleType = triton_matmul
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        return self._mm.matmul(self.silu_and_mul(x) if gated else x, weight, bias)
+
+    def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self._mm.matmul(x, weight)
+
+    def declines(self, op: str, *args: object) -> str | None:
+        return None if op == "linear" else super().declines(op, *args)
+
+
 LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
 """Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
 LAYER_KERNELS.register(
     "triton",
     TritonKernels,
+    Requires(
+        devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        head_dim=HeadDim("its RoPE kernel", 2), package="triton",
+    ),
+)
+LAYER_KERNELS.register(
+    "triton_invariant",
+    TritonInvariantKernels,
     Requires(
         devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
         head_dim=HeadDim("its RoPE kernel", 2), package="triton",

@@ -401,6 +401,16 @@ MUTANTS: dict[str, Mutant] = {
             invariance.attention_decode_padded,
             needs=(("invariant", True),),
         ),
+        Mutant(
+            "matmul_split_k_by_rows",
+            "in batch-invariant mode on CUDA a lone row's projections split K in two halves summed after rounding "
+            "(a split-K chosen from the batch to fill the GPU), so a request rounds differently alone and batched",
+            "thinking-machines-lab/batch_invariant_ops (split-K and tile choices by batch size break invariance), "
+            "sgl-project/sglang deterministic inference (fixed matmul configuration)",
+            invariance.matmul_split_k_by_rows,
+            device="cuda",
+            needs=(("invariant", True),),
+        ),
         # ---- stop tokens ----
         Mutant(
             "eos_from_config_only",

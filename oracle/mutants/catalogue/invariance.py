@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
-from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, blocked_linear
+from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, TritonInvariantKernels, blocked_linear
 
 from .base import swap
 
 _ORIGINAL_PER_TOKEN = TorchAttnBackend._per_token
+_ORIGINAL_TRITON_LINEAR = TritonInvariantKernels.linear
 
 
 def _linear_last_block_unpadded(
@@ -43,3 +44,22 @@ def _per_token_decode_padded(
 
 def attention_decode_padded() -> contextlib.AbstractContextManager[None]:
     return swap(TorchAttnBackend, "_per_token", staticmethod(_per_token_decode_padded))
+
+
+def _linear_lone_row_split_k(
+    self: TritonInvariantKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """A lone row (a batch of one) splits K in two halves summed after rounding, to keep more SMs busy: a request's
+    rows round differently alone and in a batch."""
+    if x.numel() != x.shape[-1]:
+        return _ORIGINAL_TRITON_LINEAR(self, x, weight, bias, gated)
+    from engine.layers.triton_matmul import matmul  # imports triton: CUDA only
+
+    x = self.silu_and_mul(x) if gated else x
+    half = x.shape[-1] // 2
+    return matmul(x[..., :half], weight[:, :half], bias) + matmul(x[..., half:], weight[:, half:])
+
+
+def matmul_split_k_by_rows() -> contextlib.AbstractContextManager[None]:
+    return swap(TritonInvariantKernels, "linear", _linear_lone_row_split_k)
