@@ -118,7 +118,8 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
     fields = {k: _field(k, v) for k, v in overrides.items()}
     spec = dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
     if spec.invariant and spec.device == "cuda":  # the invariant kernels, unless the keys name others
-        spec = dataclasses.replace(spec, **{k: v for k, v in INVARIANT_CUDA.items() if k not in overrides})
+        kept = {k: v for k, v in INVARIANT_CUDA.items() if k not in overrides}
+        spec = dataclasses.replace(spec, **kept)  # type: ignore[arg-type]
     return spec
 
 

@@ -20,7 +20,7 @@ NUM_STAGES = 3
 @triton.jit(do_not_specialize=["M"])  # a specialised M == 1 compiles another kernel
 def _matmul_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile, K in BLOCK_K steps in order into a float32 accumulator, rounded once."""
@@ -38,10 +38,7 @@ def _matmul_kernel(
         k_ok = rk + k0 < K
         x = tl.load(x_at, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_at, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if IEEE:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
         x_at += BLOCK_K * stride_xk
         w_at += BLOCK_K * stride_wk
     if HAS_BIAS:
@@ -61,7 +58,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _matmul_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
             rows, weight, weight if bias is None else bias, out, m, n, rows.stride(0), rows.stride(1),
             weight.stride(0), weight.stride(1), out.stride(0), K=k, HAS_BIAS=bias is not None,
-            IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )
     return out.view(*x.shape[:-1], n)
