@@ -50,6 +50,8 @@ def label(key: str, name: str) -> str:
 BUILTIN_HOMES = (
     Home(label("kernels", "triton"), "engine.layers.triton_kernels", launches=True),
     Home(label("kernels", "triton"), "engine.attention.page_ids", launches=True),
+    Home(label("kernels", "triton_invariant"), "engine.layers.triton_kernels", launches=True),
+    Home(label("kernels", "triton_invariant"), "engine.layers.triton_matmul", launches=True),
     Home(label("kernels", REFERENCE), "engine.layers.kernels",
          ("TorchKernels.", "LayerKernels.", "rms_norm_reference")),
     Home(label("kernels", REFERENCE), "engine.layers.activation"),
@@ -61,6 +63,7 @@ BUILTIN_HOMES = (
          ("redirected_slots", "slot_check", "slot_verdict", "slot_faults")),
     Home(label("step", REFERENCE), "engine.sample", ("greedy_tokens",)),
     Home(label("attention", "triton"), "engine.attention.triton_decode", launches=True),
+    Home(label("attention", "triton_invariant"), "engine.attention.triton_decode", launches=True),
     Home(label("attention", REFERENCE), "engine.attention.torch_backend"),
     Home(label("attention", "flashinfer"), "flashinfer.", ("BatchPrefill", "BatchDecode")),
     Home(label("sampler", "flashinfer"), "flashinfer.sampling"),
