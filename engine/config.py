@@ -109,6 +109,18 @@ class EngineConfig:
             check_checkpoint_size(model_config, self.model_path)
         return model_config
 
+    def invariant_backends(self, device: str) -> tuple[str, str]:
+        """The attention backend and layer kernels batch_invariant runs on `device` ("auto" picks them), or
+        ConfigError where the fields name others."""
+        wanted = INVARIANT_BACKENDS[device]
+        given = (self.attention_backend, self.layer_kernels)
+        if any(g not in ("auto", w) for w, g in zip(wanted, given)):
+            raise ConfigError(
+                f"batch_invariant=True on {device} runs attention_backend={wanted[0]!r} and layer_kernels="
+                f"{wanted[1]!r} ('auto' picks them); got attention_backend={given[0]!r}, layer_kernels={given[1]!r}"
+            )
+        return wanted
+
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):
             return self.dtype

@@ -16,7 +16,7 @@ import torch
 
 from .attention import ATTENTION_BACKENDS, create_backend
 from .checks import checked_seed
-from .config import INVARIANT_BACKENDS, EngineConfig
+from .config import EngineConfig
 from .core import Batch, Context, Phase, Req, SamplingParams
 from .device import CPU_THREADS, cpu_threads_for, make_device, resolve_device, upload
 from .distributed import Comm, NullComm, TorchDistComm
@@ -82,10 +82,10 @@ class Engine:
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
         where = Where(torch_device, self.dtype, self.model_config.head_dim)
         config = self.config
-        attention, kernels = self._invariant_choices(where) if config.batch_invariant else (
-            ATTENTION_BACKENDS.resolve(config.attention_backend, where),
-            LAYER_KERNELS.resolve(config.layer_kernels, where),
+        names = config.invariant_backends(torch_device.type) if config.batch_invariant else (
+            config.attention_backend, config.layer_kernels
         )
+        attention, kernels = ATTENTION_BACKENDS.resolve(names[0], where), LAYER_KERNELS.resolve(names[1], where)
         return _Choices(
             attention=attention,
             moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
@@ -94,21 +94,6 @@ class Engine:
             step=STEP_KERNELS.factory(STEP_KERNELS.resolve(config.step_kernels, where))(),
             sampler=SAMPLERS.resolve(config.sampler_backend, where),
         )
-
-    def _invariant_choices(self, where: Where) -> tuple[str, str]:
-        """The device's batch-invariant attention backend and layer kernels ("auto" picks them), or ConfigError."""
-        config, device = self.config, where.device.type
-        if device not in INVARIANT_BACKENDS:
-            raise ConfigError(f"batch_invariant=True runs on {' or '.join(INVARIANT_BACKENDS)}; got device={device}")
-        wanted = INVARIANT_BACKENDS[device]
-        given = (config.attention_backend, config.layer_kernels)
-        chosen = tuple(w if g == "auto" else g for w, g in zip(wanted, given))
-        if chosen != wanted:
-            raise ConfigError(
-                f"batch_invariant=True on {device} runs attention_backend={wanted[0]!r} and layer_kernels="
-                f"{wanted[1]!r} ('auto' picks them); got attention_backend={given[0]!r}, layer_kernels={given[1]!r}"
-            )
-        return ATTENTION_BACKENDS.resolve(wanted[0], where), LAYER_KERNELS.resolve(wanted[1], where)
 
     def _init_comm(self) -> None:
         tp, config = self.tp_info, self.config
