@@ -1,7 +1,8 @@
 """The batch-invariant kernels on CUDA (EngineConfig.batch_invariant): the one-configuration matmul
 (engine/layers/triton_matmul.py) and per-token paged attention (engine/attention/triton_invariant.py's use of the
 decode kernel with one split). Each row or token computed in any batch, at any position in it, with padding rows
-beside it, is bitwise the same row computed alone; and both are close to a float64 reference.
+beside it, is bitwise the same row computed alone; and both are close to a float64 reference. Then an engine on
+``cuda-bf16,invariant=on``: its backends, captured graphs, and one batch bitwise its solo runs.
 
 On CUDA by default; INVARIANT_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter (float32 and
 float16 there: the interpreter has no bfloat16 dot).
@@ -10,6 +11,7 @@ float16 there: the interpreter has no bfloat16 dot).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,10 @@ pytest.importorskip("triton")
 
 from engine.attention.triton_decode import paged_decode  # noqa: E402
 from engine.attention.triton_invariant import SPLITS  # noqa: E402
+from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
 from engine.layers.triton_matmul import BLOCK_M, matmul  # noqa: E402
+from oracle.drive import TINY_VOCAB  # noqa: E402
+from oracle.target import parse  # noqa: E402
 
 DEVICE = os.environ.get("INVARIANT_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -80,3 +85,23 @@ def test_per_token_attention_is_that_of_any_batch(dtype: torch.dtype, group: int
         ref = torch.einsum("hs,shd->hd", weights, values)
         bound = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-9 if dtype == torch.float16 else 1e-5
         assert (out[t].double() - ref).abs().max().item() <= bound * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="an engine on CUDA")
+def test_an_invariant_engine_runs_its_kernels_with_graphs_and_a_batch_matches_its_solo_runs(
+    wide_models: dict[str, Path],
+) -> None:
+    from gpu_support import generate, gpu_engine, random_prompt
+
+    engine = gpu_engine(parse("cuda-bf16,invariant=on").require(), wide_models["qwen3"])
+    try:
+        assert engine.attn_backend.name == "triton_invariant" and isinstance(engine.ctx.kernels, TritonInvariantKernels)
+        assert engine.graph_runner.enabled
+        prompts = [random_prompt(i, n, TINY_VOCAB) for i, n in enumerate((9, 30, 5))]
+        batched = generate(engine, prompts, [6, 3, 5])
+        for prompt, ours in zip(prompts, batched):
+            solo = generate(engine, [prompt], len(ours.output_ids))[0]
+            assert ours.output_ids == solo.output_ids
+            assert all(torch.equal(a, b) for a, b in zip(ours.logits, solo.logits))
+    finally:
+        engine.shutdown()
