@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core import Batch, Context
+from ..device import upload
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
@@ -48,7 +49,7 @@ class TritonInvariantBackend(BaseAttnBackend):
             batch.attn_metadata = InvariantMetadata(self._arange[: batch.padded_size], seq_lens=lens)
             return
         extend = [req.extend_len for req in batch.padded_reqs]
-        counts = torch.tensor(extend, dtype=torch.int64).to(batch.table_rows.device, non_blocking=True)
+        counts = upload(torch.tensor(extend, dtype=torch.int64), batch.table_rows.device)
         rows = batch.table_rows.repeat_interleave(counts, output_size=sum(extend))
         last = torch.cumsum(counts, 0) - 1
         batch.attn_metadata = InvariantMetadata(last, rows, lens)
