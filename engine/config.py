@@ -26,6 +26,13 @@ DTYPES = {
 }
 
 
+# batch_invariant's attention backend and layer kernels per device: each reduces every row or token alone.
+INVARIANT_BACKENDS: dict[str, tuple[str, str]] = {
+    "cpu": ("torch", "torch"),
+    "cuda": ("triton_invariant", "triton_invariant"),
+}
+
+
 @dataclass
 class EngineConfig:
     model_path: str
@@ -48,6 +55,8 @@ class EngineConfig:
     distributed_timeout: float = 60.0
     distributed_port: int = 2333
     use_dummy_weight: bool = False
+    # Each request's logits bitwise those of its solo run, whatever the batch (INVARIANT_BACKENDS run it).
+    batch_invariant: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
 
@@ -85,6 +94,7 @@ class EngineConfig:
             "use a TCP port in [1, 65535]",
         )
         self.use_dummy_weight = checked_bool(ConfigError, "use_dummy_weight", self.use_dummy_weight)
+        self.batch_invariant = checked_bool(ConfigError, "batch_invariant", self.batch_invariant)
         if isinstance(self.dtype, str) and self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; use 'auto' or one of {sorted(DTYPES)}")
         if not isinstance(self.dtype, (str, torch.dtype)):
@@ -98,6 +108,18 @@ class EngineConfig:
         if not self.use_dummy_weight:
             check_checkpoint_size(model_config, self.model_path)
         return model_config
+
+    def invariant_backends(self, device: str) -> tuple[str, str]:
+        """The attention backend and layer kernels batch_invariant runs on `device` ("auto" picks them), or
+        ConfigError where the fields name others."""
+        wanted = INVARIANT_BACKENDS[device]
+        given = (self.attention_backend, self.layer_kernels)
+        if any(g not in ("auto", w) for w, g in zip(wanted, given)):
+            raise ConfigError(
+                f"batch_invariant=True on {device} runs attention_backend={wanted[0]!r} and layer_kernels="
+                f"{wanted[1]!r} ('auto' picks them); got attention_backend={given[0]!r}, layer_kernels={given[1]!r}"
+            )
+        return wanted
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):

@@ -186,6 +186,8 @@ class Context:
     attn_backend: BaseAttnBackend
     kernels: LayerKernels
     comm: Comm
+    # EngineConfig.batch_invariant: the attention backend then reduces each token alone.
+    batch_invariant: bool = False
     _batch: Batch | None = None
 
     @property

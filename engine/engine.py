@@ -24,7 +24,7 @@ from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, Mode, StepOutputs, default_graph_bs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS, LayerKernels
+from .layers.kernels import LAYER_KERNELS, InvariantKernels, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
@@ -82,10 +82,15 @@ class Engine:
             raise ConfigError("dtype=float16 is not supported on CPU; use float32 or bfloat16")
         where = Where(torch_device, self.dtype, self.model_config.head_dim)
         config = self.config
+        names = config.invariant_backends(torch_device.type) if config.batch_invariant else (
+            config.attention_backend, config.layer_kernels
+        )
+        attention, kernels = ATTENTION_BACKENDS.resolve(names[0], where), LAYER_KERNELS.resolve(names[1], where)
         return _Choices(
-            attention=ATTENTION_BACKENDS.resolve(config.attention_backend, where),
+            attention=attention,
             moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
-            kernels=LAYER_KERNELS.factory(LAYER_KERNELS.resolve(config.layer_kernels, where))(),
+            kernels=InvariantKernels() if config.batch_invariant and kernels == "torch"
+            else LAYER_KERNELS.factory(kernels)(),
             step=STEP_KERNELS.factory(STEP_KERNELS.resolve(config.step_kernels, where))(),
             sampler=SAMPLERS.resolve(config.sampler_backend, where),
         )
@@ -166,7 +171,7 @@ class Engine:
             self.device.torch_device,
         )
         self.ctx = Context(self.config.page_size, self.page_table, self.kv_cache, self.attn_backend,
-                           kernels=choices.kernels, comm=self.comm)
+                           kernels=choices.kernels, comm=self.comm, batch_invariant=self.config.batch_invariant)
         self.step_kernels = choices.step
 
     def _init_graphs(self, choices: _Choices) -> None:

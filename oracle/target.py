@@ -1,12 +1,12 @@
 """Target: what the harness checks, named once and handed to every property, ``verify`` and the mutant table.
 
 A target is a device, an engine dtype, the attention backend, the layer kernels and the sampler (names in the
-engine's registries, a plugin's included), CUDA graphs on or off, the page sizes the properties draw, and the
-head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from a preset name with
-optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file holding the same
-keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option is passed. The
-fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the dtype's name
-and adds what needs the engine.
+engine's registries, a plugin's included), CUDA graphs on or off, batch invariance on or off, the page sizes the
+properties draw, and the head_dim of the tiny random models (FlashInfer's smallest kernel is 64). It is parsed from
+a preset name with optional ``key=value`` overrides (``cuda-bf16,page_sizes=1/16,graphs=off``) or from a TOML file
+holding the same keys (``preset = "cuda-bf16"`` plus fields). ``HFPARITY_TARGET`` gives the default where no option
+is passed. The fields, presets and parsing live in the torch-free :mod:`oracle.target_spec`; this module checks the
+dtype's name and adds what needs the engine.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, STEP_KERNELS, EngineConfig, Where
-from engine.config import DTYPES
+from engine.config import DTYPES, INVARIANT_BACKENDS
 from engine.registry import Registry
 from engine.sample import BaseSampler
 
@@ -64,6 +64,12 @@ class Target(TargetSpec):
             out.append("device=cuda: no CUDA device is available here")
         if self.graphs and self.device != "cuda":
             out.append("graphs=on: CUDA graphs need device=cuda")
+        wanted = INVARIANT_BACKENDS.get(self.device)
+        if self.invariant and (self.attention, self.kernels) != wanted:
+            out.append(
+                f"invariant=on: batch invariance runs on {self.device} with attention={wanted[0]} and kernels="
+                f"{wanted[1]}" if wanted else f"invariant=on: batch invariance does not run on {self.device}"
+            )
         if self.torch_dtype not in LOGIT_TOLERANCES:
             out.append(f"dtype={self.dtype}: the harness has no logit tolerance for it")
         if not out:
@@ -106,6 +112,7 @@ class Target(TargetSpec):
             "step_kernels": self.step_kernels,
             "sampler_backend": self.sampler,
             "cuda_graph_bs": None if self.graphs else [],
+            "batch_invariant": self.invariant,
         }
         settings.update(fields)
         return EngineConfig(str(model), **settings)

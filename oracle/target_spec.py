@@ -35,6 +35,7 @@ class TargetSpec:
     graphs: bool = False
     page_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     head_dim: int = 16
+    invariant: bool = False  # EngineConfig.batch_invariant
 
     def describe(self) -> dict[str, Any]:
         """The fields as plain data, for reports."""
@@ -61,6 +62,9 @@ PRESETS: dict[str, TargetSpec] = {
     )
 }
 
+# What invariant=on runs on CUDA (engine.config.INVARIANT_BACKENDS): `cuda-bf16,invariant=on` needs no more keys.
+INVARIANT_CUDA = {"attention": "triton_invariant", "kernels": "triton_invariant"}
+
 _BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
@@ -77,12 +81,12 @@ def _int(value: object) -> int | None:
 def _field(key: str, value: object) -> object:
     """A field value from a string (the short form) or a TOML value, through the same checks (a dtype's name: by
     oracle.target)."""
-    if key == "graphs":
+    if key in ("graphs", "invariant"):
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in _BOOLS:
             return _BOOLS[value.lower()]
-        raise TargetError(f"graphs={value!r}: use on or off")
+        raise TargetError(f"{key}={value!r}: use on or off")
     if key == "page_sizes":
         use = "use sizes >= 1 separated by '/', e.g. 1/4/16 (in TOML, a list of ints)"
         items = value.replace(":", "/").split("/") if isinstance(value, str) else value
@@ -112,7 +116,11 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
     if unknown:
         raise TargetError(f"unknown target key(s) {', '.join(unknown)}; keys: {', '.join(KEYS)}")
     fields = {k: _field(k, v) for k, v in overrides.items()}
-    return dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+    spec = dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
+    if spec.invariant and spec.device == "cuda":  # the invariant kernels, unless the keys name others
+        kept = {k: v for k, v in INVARIANT_CUDA.items() if k not in overrides}
+        spec = dataclasses.replace(spec, **kept)  # type: ignore[arg-type]
+    return spec
 
 
 def _name(key: str, value: object) -> str:

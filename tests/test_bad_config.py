@@ -41,6 +41,8 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("use_dummy_weight 1", {"use_dummy_weight": 1}, ("use_dummy_weight=1",)),
     ("use_dummy_weight None", {"use_dummy_weight": None}, ("use_dummy_weight=None",)),
     ("use_dummy_weight np.bool_", {"use_dummy_weight": np.bool_(True)}, ("use_dummy_weight=",)),
+    ("batch_invariant 'on'", {"batch_invariant": "on"}, ("batch_invariant='on'", "True or False")),
+    ("batch_invariant None", {"batch_invariant": None}, ("batch_invariant=None",)),
     ("distributed_port 0", {"distributed_port": 0}, ("distributed_port=0", "[1, 65535]")),
     ("distributed_port 70000", {"distributed_port": 70000}, ("distributed_port=70000",)),
     ("distributed_port str", {"distributed_port": "2333"}, ("distributed_port='2333'",)),
@@ -109,6 +111,11 @@ ENGINE_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("unknown sampler", {"sampler_backend": "fast"}, ("'fast'",)),
     ("unknown MoE backend", {"moe_backend": "deepep"}, ("'deepep'",)),
     ("float16 on CPU", {"dtype": "float16"}, ("float16", "CPU")),
+    (
+        "batch_invariant with kernels that are not invariant",
+        {"batch_invariant": True, "layer_kernels": "triton_invariant"},
+        ("batch_invariant=True on cpu", "layer_kernels='torch'", "got attention_backend='auto'"),
+    ),
     ("absent CUDA device", {"device": "cuda:7"}, ("cuda:7",)),
 ]
 

@@ -29,7 +29,7 @@ from engine.driver.requests import Requests
 from engine.engine import Engine
 from engine.graph import GraphRunner
 from engine.kvcache.pool import KVCachePool
-from engine.layers.kernels import TorchKernels, TritonKernels
+from engine.layers.kernels import InvariantKernels, TorchKernels, TritonInvariantKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
 from engine.step import ForwardOutput, slots
@@ -59,7 +59,9 @@ PATCHED: tuple[type | ModuleType, ...] = (
     engine_module,
     model_config_module,
     TorchKernels,
+    InvariantKernels,
     TritonKernels,
+    TritonInvariantKernels,
     slots,
     ForwardOutput,
 )
@@ -124,7 +126,11 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
         "seeded_noise_by_row", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
-    assert mutants_for("cpu", parse("cpu-fp32")) == mutants_for("cpu")
+    invariant = ["linear_rows_by_count", "attention_decode_padded"]  # the batch-invariant mode's own code
+    assert mutants_for("cpu", parse("cpu-fp32")) == [m for m in mutants_for("cpu") if m not in invariant]
+    assert set(invariant) <= set(mutants_for("cpu", parse("cpu-fp32,invariant=on")))
+    assert "matmul_split_k_by_rows" in mutants_for("cuda", parse("cuda-bf16,invariant=on"))
+    assert "matmul_split_k_by_rows" not in mutants_for("cuda", parse("cuda-bf16"))
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
@@ -196,7 +202,7 @@ def test_fast_kill_table_kills_every_mutant(tmp_path: Path) -> None:
     assert runs["(baseline)"]["status"] == "passed", proc.stdout[-3000:]
     survivors = {n: r["status"] for n, r in runs.items() if n in MUTANTS and r["status"] != "killed"}
     assert not survivors, proc.stdout[-3000:]
-    assert set(runs) == {"(baseline)", *mutants_for("cpu")}
+    assert set(runs) == {"(baseline)", *mutants_for("cpu", parse("cpu-fp32"))}
     assert proc.returncode == 0
 
 

@@ -38,6 +38,14 @@ def test_overrides_and_toml_files(tmp_path: Path) -> None:
     t = parse("cuda-bf16, page_sizes=1/16, graphs=off, dtype=bf16")
     assert t.page_sizes == (1, 16) and t.graphs is False and t.dtype == "bfloat16" and t.attention == "flashinfer"
     assert parse("dtype=bfloat16").device == "cpu"  # no preset: overrides of the default
+    invariant = parse("cpu-fp32,invariant=on")
+    assert invariant.invariant is True and invariant.describe()["invariant"] is True
+    assert parse("cpu-fp32").invariant is False
+    # On CUDA invariant=on names the invariant attention and kernels itself, unless the keys name others.
+    cuda = parse("cuda-bf16,invariant=on")
+    assert (cuda.attention, cuda.kernels, cuda.graphs) == ("triton_invariant", "triton_invariant", True)
+    assert parse("cuda-bf16,invariant=on,attention=flashinfer").attention == "flashinfer"
+    assert parse("cuda-bf16").attention == "flashinfer"
     path = tmp_path / "mine.toml"
     path.write_text('preset = "cpu-fp32"\nattention = "example"\npage_sizes = [2, 8]\ngraphs = false\n')
     t = parse(str(path))
@@ -50,6 +58,7 @@ def test_overrides_and_toml_files(tmp_path: Path) -> None:
         ("gpu-fast", "unknown target preset 'gpu-fast'"),
         ("cpu-fp32,colour=red", "unknown target key(s) colour"),
         ("cpu-fp32,graphs=maybe", "graphs='maybe'"),
+        ("cpu-fp32,invariant=2", "invariant='2'"),
         ("cpu-fp32,page_sizes=0/4", "page_sizes='0/4'"),
         ("cpu-fp32,page_sizes=a", "page_sizes='a'"),
         ("cpu-fp32,head_dim=3", "head_dim='3'"),
@@ -106,6 +115,8 @@ def test_a_target_that_cannot_run_here_says_why() -> None:
         parse("cpu-fp32,attention=mine").require()
     with pytest.raises(TargetError, match="graphs=on: CUDA graphs need device=cuda"):
         parse("cpu-fp32,graphs=on").require()
+    with pytest.raises(TargetError, match="invariant=on: batch invariance runs on cpu with attention=torch"):
+        parse("cpu-fp32,invariant=on,kernels=triton").require()
     if not torch.cuda.is_available():
         with pytest.raises(TargetError, match="device=cuda: no CUDA device is available here"):
             parse("cuda-bf16").require()
@@ -129,6 +140,7 @@ def test_engine_config_carries_every_choice(tiny_models: dict[str, Path]) -> Non
     )
     assert (config.sampler_backend, config.cuda_graph_bs, config.page_size) == ("torch", [], 4)
     assert parse("cuda-bf16").engine_config(tiny_models["qwen3"]).cuda_graph_bs is None  # graphs: the default set
+    assert parse("cpu-fp32,invariant=on").engine_config(tiny_models["qwen3"]).batch_invariant is True
 
 
 def test_registry_rules() -> None:

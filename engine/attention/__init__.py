@@ -17,6 +17,7 @@ from .flashinfer_backend import FlashInferAttnBackend
 from .hybrid import HybridAttnBackend, Route
 from .torch_backend import TorchAttnBackend
 from .triton_backend import TritonDecodeBackend
+from .triton_invariant import TritonInvariantBackend
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
@@ -71,6 +72,15 @@ ATTENTION_BACKENDS.register(
         head_dim=HeadDim("its decode kernel", 16, 256), package="triton",
     ),
 )
+# EngineConfig.batch_invariant on CUDA: every token alone, prefill and decode, with graphs.
+ATTENTION_BACKENDS.register(
+    "triton_invariant",
+    TritonInvariantBackend,
+    Requires(
+        devices=("cuda",), dtypes=(torch.bfloat16, torch.float16, torch.float32),
+        head_dim=HeadDim("its decode kernel", 16, 256), package="triton",
+    ),
+)
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -83,6 +93,7 @@ __all__ = [
     "Route",
     "TorchAttnBackend",
     "TritonDecodeBackend",
+    "TritonInvariantBackend",
     "Where",
     "create_backend",
 ]

@@ -1,5 +1,7 @@
 """Reference attention in plain torch: per request, SDPA over its gathered K/V slots with a bottom-right causal mask;
-a decode batch as one SDPA call over keys padded to the longest request and masked.
+a decode batch as one SDPA call over keys padded to the longest request and masked. Batch-invariant
+(ctx.batch_invariant): each query token alone over exactly its keys, the same call whatever the batch, padding or
+prefill chunking.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class TorchAttnBackend(BaseAttnBackend):
         k_slots = self.kv_cache.k_slots(layer_id)
         v_slots = self.kv_cache.v_slots(layer_id)
         group = self.num_qo_heads // k_slots.shape[1]
+        if ctx.batch_invariant:
+            return self._per_token(q, meta, k_slots, v_slots, group > 1)
         if batch.is_decode:
             return self._decode(q, meta, k_slots, v_slots, group > 1)
         out = torch.empty_like(q)
@@ -77,6 +81,22 @@ class TorchAttnBackend(BaseAttnBackend):
             causal = q_len > 1 and cached == 0
             attn = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
             out[qs:qe] = attn[0].transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _per_token(
+        q: torch.Tensor, meta: TorchAttnMetadata, k_slots: torch.Tensor, v_slots: torch.Tensor, gqa: bool
+    ) -> torch.Tensor:
+        """Each query token in its own unmasked SDPA call over its causal keys: no padding, mask or q block to vary."""
+        out = torch.empty_like(q)
+        for (qs, qe), slots, cached in zip(meta.q_ranges, meta.kv_slots, meta.cached_lens):
+            ki = k_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
+            vi = v_slots.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
+            for j in range(qe - qs):
+                keys = cached + j + 1
+                qi = q[qs + j : qs + j + 1].transpose(0, 1)[None]
+                attn = F.scaled_dot_product_attention(qi, ki[:, :, :keys], vi[:, :, :keys], enable_gqa=gqa)
+                out[qs + j] = attn[0, :, 0]
         return out
 
     @staticmethod

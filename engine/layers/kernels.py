@@ -1,7 +1,8 @@
 """The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store, and q/k
 norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
 runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
-small-batch GEMV that can take the norm in front of it.
+small-batch GEMV that can take the norm in front of it; 'triton_invariant' (CUDA, EngineConfig.batch_invariant) takes
+every product in one fixed tile configuration.
 """
 
 from __future__ import annotations
@@ -140,6 +141,31 @@ def _weight_eps(norm: HeadNorm | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, norm.eps)
 
 
+BLOCK_ROWS = 2
+
+
+def blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear in zero-padded blocks of BLOCK_ROWS rows: one GEMM shape whatever the row count, whose per-row
+    reduction order then depends on neither the number of rows nor the other rows (a lone row would take a GEMV)."""
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    padded = torch.cat([rows, rows.new_zeros(-n % BLOCK_ROWS, rows.shape[1])])
+    out = torch.cat([F.linear(block, weight, bias) for block in padded.split(BLOCK_ROWS)])
+    return out[:n].view(*x.shape[:-1], weight.shape[0])
+
+
+class InvariantKernels(TorchKernels):
+    """The torch reference with batch-invariant products (EngineConfig.batch_invariant): every product runs in fixed
+    row blocks, so a token's logits cannot depend on the other tokens in the batch; norms and SiLU reduce per row."""
+
+    name = "torch-invariant"
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        return blocked_linear(self.silu_and_mul(x) if gated else x, weight, bias)
+
+
 class TritonKernels(LayerKernels):
     """Fused Triton launches (triton_kernels.py, triton_gemv.py); what they cannot serve goes to torch (declines)."""
 
@@ -218,12 +244,44 @@ class TritonKernels(LayerKernels):
         return None
 
 
+class TritonInvariantKernels(TritonKernels):
+    """TritonKernels with every product and the LM head in the one-configuration matmul (triton_matmul.py), for
+    EngineConfig.batch_invariant on CUDA; the norms, RoPE, SiLU and KV store already run one program per row."""
+
+    name = "triton_invariant"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from . import triton_matmul
+
+        self._mm: ModuleType = triton_matmul
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> torch.Tensor:
+        return self._mm.matmul(self.silu_and_mul(x) if gated else x, weight, bias)
+
+    # The GEMV's fused norm would take a lone row through another reduction than a batch's: norm, then the matmul.
+    norm_linear = LayerKernels.norm_linear
+
+    def declines(self, op: str, *args: object) -> str | None:
+        return None if op in ("linear", "norm_linear") else super().declines(op, *args)
+
+
 LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
 """Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
 LAYER_KERNELS.register(
     "triton",
     TritonKernels,
+    Requires(
+        devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        head_dim=HeadDim("its RoPE kernel", 2), package="triton",
+    ),
+)
+LAYER_KERNELS.register(
+    "triton_invariant",
+    TritonInvariantKernels,
     Requires(
         devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
         head_dim=HeadDim("its RoPE kernel", 2), package="triton",

@@ -34,7 +34,7 @@ class SparseMoeBlock(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts read the normed rows beside the router: the norm stays a launch of its own."""
         hidden, residual = norm.forward_residual(hidden, residual, ctx)
-        return self.experts(hidden, self.gate(hidden, ctx)), residual
+        return self.experts(hidden, self.gate(hidden, ctx), ctx.batch_invariant), residual
 
 
 @register_model("Qwen3MoeForCausalLM")

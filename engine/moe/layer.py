@@ -34,7 +34,10 @@ class FusedMoE(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+        """per_token (batch-invariant mode): each token alone, so no expert's product spans a batch-dependent group."""
+        if per_token:
+            return torch.cat([self.forward(hidden[t : t + 1], router_logits[t : t + 1]) for t in range(len(hidden))])
         return self.backend.forward(
             hidden, router_logits, self.gate_up_proj, self.down_proj, self.top_k, self.renormalize
         )

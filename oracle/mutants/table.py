@@ -3,7 +3,7 @@ public fixes of that bug class, its patch (:mod:`oracle.mutants.catalogue`) and 
 
 from __future__ import annotations
 
-from .catalogue import attention, driver, kernels, kv, model, sampling, step
+from .catalogue import attention, driver, invariance, kernels, kv, model, sampling, step
 from .catalogue.base import Mutant
 
 MUTANTS: dict[str, Mutant] = {
@@ -401,6 +401,35 @@ MUTANTS: dict[str, Mutant] = {
             "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",
             kernels.host_copy_unwaited,
             device="cuda",
+        ),
+        # ---- batch invariance (issue #27): only the exact property sees these ----
+        Mutant(
+            "linear_rows_by_count",
+            "in batch-invariant mode a projection's input shorter than one row block runs unpadded, so a lone "
+            "decode row takes a GEMV and rounds unlike the same row in a batch's GEMM blocks",
+            "thinking-machines-lab/batch_invariant_ops (matmul reduction order chosen by the batch size), "
+            "vllm-project/vllm and sgl-project/sglang deterministic-inference modes",
+            invariance.linear_rows_by_count,
+            needs=(("invariant", True),),
+        ),
+        Mutant(
+            "attention_decode_padded",
+            "in batch-invariant mode decode batches still take one SDPA call over keys padded to the longest "
+            "request and masked, so a request's attention depends on its batch-mates' lengths",
+            "sgl-project/sglang deterministic inference (attention split fixed per sequence, not per batch), "
+            "vllm-project/vllm batch-invariant attention",
+            invariance.attention_decode_padded,
+            needs=(("invariant", True),),
+        ),
+        Mutant(
+            "matmul_split_k_by_rows",
+            "in batch-invariant mode on CUDA a lone row's projections split K in two halves summed after rounding "
+            "(a split-K chosen from the batch to fill the GPU), so a request rounds differently alone and batched",
+            "thinking-machines-lab/batch_invariant_ops (split-K and tile choices by batch size break invariance), "
+            "sgl-project/sglang deterministic inference (fixed matmul configuration)",
+            invariance.matmul_split_k_by_rows,
+            device="cuda",
+            needs=(("invariant", True),),
         ),
         # ---- stop tokens ----
         Mutant(
