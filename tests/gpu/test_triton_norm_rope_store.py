@@ -99,9 +99,13 @@ def test_one_launch_is_the_composition(
     for name, a, b in (("q", got, ref), ("k slots", got_pools[0], ref_pools[0]), ("v slots", got_pools[1],
                                                                                    ref_pools[1])):
         # A float32 sum of squares in another order, or the interpreter's truncation: the last bit may differ.
-        if (with_norm or INTERPRETED) and name != "v slots":
+        # float32 and float16 (rounded by casts, not on the bits) may also fuse a product into the add: an error of
+        # the products' size, which the rotation's cancellation can leave in a small result.
+        if (with_norm or INTERPRETED or dtype != torch.bfloat16) and name != "v slots":
             gap = (a.float() - b.float()).abs()
-            assert bool((gap <= BF16_ULP * b.float().abs() + 1e-30).all()), f"{name}: max gap {gap.max().item()}"
+            fused = not with_norm and not INTERPRETED
+            bound = 2 * torch.finfo(dtype).eps * b.float().abs().amax() if fused else BF16_ULP * b.float().abs()
+            assert bool((gap <= bound + 1e-30).all()), f"{name}: max gap {gap.max().item()}"
         else:
             assert torch.equal(a, b), f"{name}: {(a != b).sum().item()} elements differ from HF's"
 
