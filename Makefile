@@ -32,6 +32,7 @@ model: venv
 test: venv model
 	$(BIN)/python -m pytest tests properties benchmarks --benchmark-disable -q $(PYTEST_ARGS)
 	$(BIN)/python -m pytest properties --target cpu-bf16 -m "not statistical" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest properties/test_batch_invariance.py --target cpu-fp32,invariant=on -q $(PYTEST_ARGS)
 
 # The kernel engineer's loop: cheapest properties first, 3 examples each, first failure only, shrinking cut short.
 fast: venv model

@@ -206,6 +206,24 @@ def test_fast_kill_table_kills_every_mutant(tmp_path: Path) -> None:
     assert proc.returncode == 0
 
 
+def test_the_invariant_kill_table_kills_the_invariant_mutants(tmp_path: Path) -> None:
+    """The batch-invariant mode's own mutants, on the CPU target that takes its path (the exact property kills)."""
+    target = "cpu-fp32,invariant=on"
+    own = [m for m in mutants_for("cpu", parse(target)) if m not in mutants_for("cpu", parse("cpu-fp32"))]
+    only = [arg for m in own for arg in ("--only", m)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "oracle.mutants", "--fast", "--target", target, "-j", "2", "--out", str(tmp_path)]
+        + only,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    runs = {r["mutant"]: r["status"] for r in json.loads((tmp_path / "mutants-fast.json").read_text())["runs"]}
+    assert runs == {"(baseline)": "passed", **{m: "killed" for m in own}}, proc.stdout[-3000:]
+    assert own and proc.returncode == 0
+
+
 def _uninstalled_python(root: Path) -> Path:
     """A virtual environment holding every package of this one except the project (its dist-info and editable
     finder), so nothing but PYTHONPATH can bring the checkout: no pytest11 or hfparity.plugins entry point."""
