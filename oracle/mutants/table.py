@@ -387,7 +387,7 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "norm_gemv_rms_first_block",
-            "the RMSNorm folded into the small-batch GEMV (decode's qkv and gate_up at one row, the LM head) takes "
+            "the RMSNorm folded into the small-batch GEMV (decode's qkv and gate_up at one row) takes "
             "each row's sum of squares over the first K block only: rows wider than the block get the wrong rms",
             "triton-lang/triton#630 (a GEMM wrong once K is not a multiple of the block); fused norm prologues that "
             "reduce one tile (the reduction must span the whole row before the first weight tile is used)",
