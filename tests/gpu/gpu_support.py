@@ -13,6 +13,7 @@ tensor-core decode path.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_flashinfer = pytest.mark.skipif(not HAS_FLASHINFER, reason="needs a CUDA GPU and flashinfer (see docs/gpu.md)")
 needs_cuda = [pytest.mark.gpu, requires_cuda]  # module-level pytestmark
 needs_flashinfer = [pytest.mark.gpu, requires_flashinfer]
+# The Triton kernel tests run on CUDA, or with KERNEL_TEST_DEVICE=cpu and TRITON_INTERPRET=1 in Triton's interpreter.
+KERNEL_DEVICE = os.environ.get("KERNEL_TEST_DEVICE", "cuda")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+requires_kernel_device = pytest.mark.skipif(KERNEL_DEVICE == "cuda" and not HAS_CUDA, reason="needs a CUDA GPU")
 
 # The zoo architectures of the target's head_dim models: all but qwen3_moe, whose attention is Qwen3's.
 WIDE_ARCHS = ("qwen3", "qwen2", "llama", "llama_gqa3")

@@ -4,13 +4,12 @@ decode kernel with one split). Each row or token computed in any batch, at any p
 beside it, is bitwise the same row computed alone; and both are close to a float64 reference. Then an engine on
 ``cuda-bf16,invariant=on``: its backends, captured graphs, and one batch bitwise its solo runs.
 
-On CUDA by default; INVARIANT_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter (float32 and
+On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter (float32 and
 float16 there: the interpreter has no bfloat16 dot).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from gpu_support import KERNEL_DEVICE as DEVICE
+from gpu_support import requires_kernel_device  # noqa: E402
+
 from engine.attention.triton_decode import paged_decode  # noqa: E402
 from engine.attention.triton_invariant import SPLITS  # noqa: E402
 from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
@@ -26,10 +28,9 @@ from engine.layers.triton_matmul import BLOCK_M, matmul  # noqa: E402
 from oracle.drive import TINY_VOCAB  # noqa: E402
 from oracle.target import parse  # noqa: E402
 
-DEVICE = os.environ.get("INVARIANT_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    requires_kernel_device,
 ]
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 

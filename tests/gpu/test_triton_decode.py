@@ -7,30 +7,30 @@ point at slot 0, so a read outside a request's tokens shows as NaN. fp32 is chec
 rounding of the exact value to bf16 (half an ulp, at most 2**-8 of the magnitude; a whole ulp in the interpreter,
 which truncates) plus 1e-5 for the float32 arithmetic before it.
 
-On CUDA by default; TRITON_DECODE_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from gpu_support import INTERPRETED, requires_kernel_device  # noqa: E402
+from gpu_support import KERNEL_DEVICE as DEVICE
+
 from engine.attention.triton_decode import block_n, choose_splits, paged_decode  # noqa: E402
 
-DEVICE = os.environ.get("TRITON_DECODE_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    requires_kernel_device,
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log"),  # the interpreter's log(0) of empty splits
 ]
 PAGE = 16
 # Rounding to bfloat16 is off by at most half an ulp, 2**-8 of the magnitude; the interpreter truncates instead
 # (a whole ulp).
-BF16_ROUNDING = 2.0**-7 if os.environ.get("TRITON_INTERPRET") == "1" else 2.0**-8
+BF16_ROUNDING = 2.0**-7 if INTERPRETED else 2.0**-8
 
 
 def _gen(seed: int) -> torch.Generator:

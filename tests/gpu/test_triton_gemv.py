@@ -7,25 +7,25 @@ numpy's as in torch; on CUDA a float32 sum of squares in another order may move 
 exact product of HF's normed rows plus what one ulp of each normed element moves it. Shapes reach one K block and
 several, K off the block, N tails, one row and the GEMV's most rows.
 
-On CUDA by default; TRITON_GEMV_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from gpu_support import KERNEL_DEVICE as DEVICE
+from gpu_support import requires_kernel_device  # noqa: E402
+
 from engine.layers import triton_gemv  # noqa: E402
 from engine.layers.kernels import TORCH_KERNELS, TritonKernels  # noqa: E402
 
-DEVICE = os.environ.get("TRITON_GEMV_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    requires_kernel_device,
 ]
 BF16_ULP = 2.0**-7
 

@@ -7,12 +7,11 @@ Shapes: Qwen3-0.6B's batch-1 step (16 q heads over 8 kv heads, head_dim 128), GQ
 that are not powers of two; q, k, v are views of one merged qkv row, as the layer splits them; positions include the
 last row of the RoPE table; the pools hold other values everywhere, so a stray write shows.
 
-On CUDA by default; TRITON_ROPE_STORE_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
+On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
 """
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -20,17 +19,18 @@ import torch
 
 pytest.importorskip("triton")
 
+from gpu_support import INTERPRETED, requires_kernel_device  # noqa: E402
+from gpu_support import KERNEL_DEVICE as DEVICE
+
 from engine.layers.kernels import TORCH_KERNELS, LayerKernels, TritonKernels  # noqa: E402
 from engine.layers.rotary import RotaryEmbedding  # noqa: E402
 from engine.models.config import RopeConfig  # noqa: E402
 
-DEVICE = os.environ.get("TRITON_ROPE_STORE_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    requires_kernel_device,
 ]
 BF16_ULP = 2.0**-7
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_POSITIONS = 4096
 SLOTS = 40
 
