@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from oracle.budget import examples
 from oracle.coverage import exercised, floors
-from oracle.ops import layers
+from oracle.ops import kv_store, layers
 from oracle.ops.bench import Bench
 
 pytestmark = pytest.mark.kernel
@@ -77,10 +77,10 @@ def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
 @given(data=st.data())
 @floors({BIG: 0.1})
 def test_store_kv(data: st.DataObject, op_bench: Bench) -> None:
-    big_ok = layers.big_pools_fit(op_bench.device)
-    case = data.draw(layers.store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
+    big_ok = kv_store.big_pools_fit(op_bench.device)
+    case = data.draw(kv_store.store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
     exercised(BIG, case.big or not big_ok)
-    layers.check_store_kv(op_bench, case)
+    kv_store.check_store_kv(op_bench, case)
 
 
 FUSED_NORM = "norm_rope_store: with q/k norms"
@@ -91,8 +91,8 @@ FUSED_BIG = "norm_rope_store: slots past 2**31 elements (where memory allows two
 @given(data=st.data())
 @floors({FUSED_NORM: 0.2, FUSED_BIG: 0.1})
 def test_norm_rope_store(data: st.DataObject, op_bench: Bench) -> None:
-    big_ok = layers.big_pools_fit(op_bench.device)
-    case = data.draw(layers.rope_store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
+    big_ok = kv_store.big_pools_fit(op_bench.device)
+    case = data.draw(kv_store.rope_store_cases(op_bench.dtype, op_bench.target.head_dim, big_ok), label="case")
     exercised(FUSED_NORM, case.q_norm is not None)
     exercised(FUSED_BIG, case.store.big or not big_ok)
-    layers.check_norm_rope_store(op_bench, case)
+    kv_store.check_norm_rope_store(op_bench, case)

@@ -9,9 +9,6 @@ folded into it, of HF's normed rows, widened by what the norm's ulps move it).
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -42,7 +39,7 @@ def _close(bench: Bench, op: str, method: str, call: str, name: str, got: torch.
         assert_within(op, call, name, got, want, rounding_bound(want, want.dtype, ulps), f"{ulps} ulp of HF's")
 
 
-def _dev(bench: Bench, t: torch.Tensor) -> torch.Tensor:
+def dev(bench: Bench, t: torch.Tensor) -> torch.Tensor:
     return t.to(bench.device)
 
 
@@ -74,23 +71,23 @@ def norm_cases(draw: st.DrawFn, dtype: torch.dtype, with_residual: bool = False)
 
 
 def check_rms_norm(bench: Bench, case: NormCase) -> None:
-    x, w = guarded("x", _dev(bench, case.x), case.gap), guarded("weight", _dev(bench, case.weight))
+    x, w = guarded("x", dev(bench, case.x), case.gap), guarded("weight", dev(bench, case.weight))
     call = describe({"x": x.view, "weight": w.view}, eps=case.eps)
     got = bench.run_kernel("rms_norm", "rms_norm", x.view, w.view, case.eps)
     assert isinstance(got, torch.Tensor)
-    _close(bench, "rms_norm", "rms_norm", call, "out", got, ref.rms_norm(_dev(bench, case.x), w.view, case.eps))
+    _close(bench, "rms_norm", "rms_norm", call, "out", got, ref.rms_norm(dev(bench, case.x), w.view, case.eps))
     assert_untouched("rms_norm", [x, w])
 
 
 def check_add_rms_norm(bench: Bench, case: NormCase) -> None:
     assert case.residual is not None
-    x, w = guarded("x", _dev(bench, case.x), case.gap), guarded("weight", _dev(bench, case.weight))
-    r = guarded("residual", _dev(bench, case.residual), case.gap)
+    x, w = guarded("x", dev(bench, case.x), case.gap), guarded("weight", dev(bench, case.weight))
+    r = guarded("residual", dev(bench, case.residual), case.gap)
     call = describe({"x": x.view, "residual": r.view, "weight": w.view}, eps=case.eps)
     out = bench.run_kernel("add_rms_norm", "add_rms_norm", x.view, r.view, w.view, case.eps)
     assert isinstance(out, tuple)
     got, total = out
-    want_total = _dev(bench, case.x) + _dev(bench, case.residual)  # HF: hidden = residual + hidden
+    want_total = dev(bench, case.x) + dev(bench, case.residual)  # HF: hidden = residual + hidden
     assert_bitwise("add_rms_norm", call, "the residual sum", total, want_total)
     _close(bench, "add_rms_norm", "add_rms_norm", call, "out", got, ref.rms_norm(want_total, w.view, case.eps))
     assert_untouched("add_rms_norm", [x, r, w])
@@ -112,7 +109,7 @@ class RopeCase:
 ROPE_SCALES = (1.0, 4.0, 300.0)
 
 
-def _table_positions(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, int]:
+def table_positions(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, int]:
     """(positions, the table's length): positions anywhere in a 128/4096/40960-row table, and at its last rows."""
     max_positions = draw(st.sampled_from((128, 4096, 40960)))
     top = st.integers(max(0, max_positions - 3), max_positions - 1)  # the last rows of the cos/sin tables
@@ -124,7 +121,7 @@ def _table_positions(draw: st.DrawFn, tokens: int) -> tuple[torch.Tensor, int]:
 def rope_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int) -> RopeCase:
     tokens = draw(edge_sizes((8, 32), 1, 70))
     heads = draw(st.integers(1, 9))
-    positions, max_positions = _table_positions(draw, tokens)
+    positions, max_positions = table_positions(draw, tokens)
     seed = draw(seeds)
     x = random_tensor((tokens, heads, head_dim), dtype, draw(st.sampled_from(ROPE_SCALES)), seed)
     norm = random_tensor((head_dim,), dtype, 1.0, seed + 1) if draw(st.booleans()) else None
@@ -132,23 +129,25 @@ def rope_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int) -> RopeCase:
     return RopeCase(x, positions, theta, max_positions, norm, draw(gaps))
 
 
-def _head_norm(bench: Bench, name: str, weight: torch.Tensor | None, guards: list[Guarded]) -> SimpleNamespace | None:
+def guarded_head_norm(
+    bench: Bench, name: str, weight: torch.Tensor | None, guards: list[Guarded]
+) -> SimpleNamespace | None:
     """A q/k norm (eps 1e-6) whose weight sits in a guarded buffer, or None."""
     if weight is None:
         return None
-    w = guarded(name, _dev(bench, weight))
+    w = guarded(name, dev(bench, weight))
     guards.append(w)
     return SimpleNamespace(weight=w.view, eps=1e-6)
 
 
-def _want_rope(bench: Bench, x: torch.Tensor, positions: torch.Tensor, norm: SimpleNamespace | None, theta: float,
+def want_rope(bench: Bench, x: torch.Tensor, positions: torch.Tensor, norm: SimpleNamespace | None, theta: float,
                max_positions: int) -> torch.Tensor:
     """HF's q/k norm (if any) and RoPE of x."""
-    normed = _dev(bench, x) if norm is None else ref.rms_norm(_dev(bench, x), norm.weight, norm.eps)
+    normed = dev(bench, x) if norm is None else ref.rms_norm(dev(bench, x), norm.weight, norm.eps)
     return ref.rope(normed, positions, theta, max_positions)
 
 
-def _rope_close(bench: Bench, op: str, call: str, name: str, got: torch.Tensor, want: torch.Tensor,
+def rope_close(bench: Bench, op: str, call: str, name: str, got: torch.Tensor, want: torch.Tensor,
                 normed: bool) -> None:
     if normed:
         _close(bench, op, op, call, name, got, want)
@@ -157,16 +156,16 @@ def _rope_close(bench: Bench, op: str, call: str, name: str, got: torch.Tensor, 
 
 
 def check_norm_rope(bench: Bench, case: RopeCase) -> None:
-    x = guarded("x", _dev(bench, case.x), case.gap)
-    positions = guarded("positions", _dev(bench, case.positions))
+    x = guarded("x", dev(bench, case.x), case.gap)
+    positions = guarded("positions", dev(bench, case.positions))
     guards = [x, positions]
-    head_norm = _head_norm(bench, "norm weight", case.norm_weight, guards)
+    head_norm = guarded_head_norm(bench, "norm weight", case.norm_weight, guards)
     table = RotaryEmbedding(case.x.shape[-1], case.max_positions, RopeConfig(theta=case.theta), bench.device)
     call = describe({"x": x.view, "positions": positions.view}, theta=case.theta, qk_norm=head_norm is not None)
     got = bench.run_kernel("norm_rope", "norm_rope", x.view, table.at(positions.view), head_norm)
     assert isinstance(got, torch.Tensor)
-    want = _want_rope(bench, case.x, positions.view, head_norm, case.theta, case.max_positions)
-    _rope_close(bench, "norm_rope", call, "out", got, want, head_norm is not None)
+    want = want_rope(bench, case.x, positions.view, head_norm, case.theta, case.max_positions)
+    rope_close(bench, "norm_rope", call, "out", got, want, head_norm is not None)
     assert_untouched("norm_rope", guards)
 
 
@@ -188,11 +187,11 @@ def gate_up_cases(draw: st.DrawFn, dtype: torch.dtype) -> GateUpCase:
 
 
 def check_silu_and_mul(bench: Bench, case: GateUpCase) -> None:
-    x = guarded("gate_up", _dev(bench, case.gate_up), case.gap)
+    x = guarded("gate_up", dev(bench, case.gate_up), case.gap)
     call = describe({"gate_up": x.view})
     got = bench.run_kernel("silu_and_mul", "silu_and_mul", x.view)
     assert isinstance(got, torch.Tensor)
-    _close(bench, "silu_and_mul", "silu_and_mul", call, "out", got, ref.silu_and_mul(_dev(bench, case.gate_up)))
+    _close(bench, "silu_and_mul", "silu_and_mul", call, "out", got, ref.silu_and_mul(dev(bench, case.gate_up)))
     assert_untouched("silu_and_mul", [x])
 
 
@@ -232,20 +231,20 @@ def reduced_reduction(bench: Bench) -> bool:
 
 
 def check_linear(bench: Bench, case: LinearCase) -> None:
-    x = guarded("x", _dev(bench, case.x), case.gap)
-    w_values = _dev(bench, case.weight)
+    x = guarded("x", dev(bench, case.x), case.gap)
+    w_values = dev(bench, case.weight)
     w = guarded("weight", w_values.t().contiguous() if case.column_major else w_values)
     weight = w.view.t() if case.column_major else w.view
     guards: list[Guarded] = [x, w]
     bias = None
     if case.bias is not None:
-        b = guarded("bias", _dev(bench, case.bias))
+        b = guarded("bias", dev(bench, case.bias))
         guards.append(b)
         bias = b.view
     call = describe({"x": x.view, "weight": weight, **({"bias": bias} if bias is not None else {})}, gated=case.gated)
     got = bench.run_kernel("linear", "linear", x.view, weight, bias, case.gated)
     assert isinstance(got, torch.Tensor)
-    inputs = ref.silu_and_mul(_dev(bench, case.x)) if case.gated else _dev(bench, case.x)
+    inputs = ref.silu_and_mul(dev(bench, case.x)) if case.gated else dev(bench, case.x)
     exact, magnitude = ref.linear_exact(inputs, w_values, bias)
     bound = dot_bound(exact, magnitude, case.weight.shape[1], bench.dtype, bias is not None or reduced_reduction(bench))
     assert_within("linear", call, "out", got, exact, bound, "float32 accumulation, one rounding")
@@ -290,27 +289,27 @@ def norm_linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> NormLinearCase:
 def check_norm_linear(bench: Bench, case: NormLinearCase) -> None:
     """The residual sum bitwise HF's (x itself without a residual); the product within linear's bound of the exact
     product of HF's normed rows, plus, where the norm may be off by the op's ulps, what that moves the product."""
-    x = guarded("x", _dev(bench, case.x), case.gap)
-    norm_weight = guarded("norm weight", _dev(bench, case.norm_weight))
-    w_values = _dev(bench, case.weight)
+    x = guarded("x", dev(bench, case.x), case.gap)
+    norm_weight = guarded("norm weight", dev(bench, case.norm_weight))
+    w_values = dev(bench, case.weight)
     w = guarded("weight", w_values.t().contiguous() if case.column_major else w_values)
     weight = w.view.t() if case.column_major else w.view
     guards: list[Guarded] = [x, norm_weight, w]
     views = {"x": x.view}
     residual = bias = None
     if case.residual is not None:
-        r = guarded("residual", _dev(bench, case.residual), case.gap)
+        r = guarded("residual", dev(bench, case.residual), case.gap)
         guards.append(r)
         residual = views["residual"] = r.view
     if case.bias is not None:
-        b = guarded("bias", _dev(bench, case.bias))
+        b = guarded("bias", dev(bench, case.bias))
         guards.append(b)
         bias = views["bias"] = b.view
     call = describe({**views, "norm_weight": norm_weight.view, "weight": weight}, eps=case.eps)
     out = bench.run_kernel("norm_linear", "norm_linear", x.view, residual, norm_weight.view, case.eps, weight, bias)
     assert isinstance(out, tuple)
     got, total = out
-    want_total = _dev(bench, case.x) if case.residual is None else _dev(bench, case.x) + _dev(bench, case.residual)
+    want_total = dev(bench, case.x) if case.residual is None else dev(bench, case.x) + dev(bench, case.residual)
     assert_bitwise("norm_linear", call, "the residual sum", total, want_total)
     normed = ref.rms_norm(want_total, norm_weight.view, case.eps)
     exact, magnitude = ref.linear_exact(normed, w_values, bias)
@@ -321,155 +320,3 @@ def check_norm_linear(bench: Bench, case: NormLinearCase) -> None:
     what = "float32 accumulation, one rounding" + (f", inputs {ulps} ulp of HF's norm" if ulps else "")
     assert_within("norm_linear", call, "out", got, exact, bound, what)
     assert_untouched("norm_linear", guards)
-
-
-# ---- the KV store ------------------------------------------------------------------------------------------------
-
-TOP_INDEX = 2**31
-"""An element offset past int32: a slot times its stride computed in 32 bits wraps here."""
-
-
-def big_pools_fit(device: torch.device) -> bool:
-    """Whether two KV buffers of 2**31 two-byte elements fit comfortably (CPU: physical memory, never touched but
-    where written; CUDA: free device memory)."""
-    need = 2 * TOP_INDEX * 2 + 2**30
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] > 2 * need
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") > 2 * need
-
-
-@dataclass(frozen=True)
-class StoreCase:
-    k: torch.Tensor  # [tokens, kv_heads, head_dim]
-    v: torch.Tensor
-    loc: torch.Tensor  # int64 [tokens]: distinct slots
-    num_slots: int
-    big: bool  # the pool passes 2**31 elements (two-byte KV); loc sits at its top
-    gap: int
-
-
-@st.composite
-def store_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int, big_ok: bool) -> StoreCase:
-    tokens = draw(edge_sizes((32, 64), 1, 130))
-    heads = draw(st.sampled_from((1, 2, 3, 4, 8)))
-    big = big_ok and draw(st.integers(0, 4)) == 0
-    if big:
-        dtype = dtype if dtype.itemsize == 2 else torch.bfloat16
-        num_slots = TOP_INDEX // (heads * head_dim) + tokens + 2
-        low = num_slots - tokens - 2
-    else:
-        num_slots = draw(st.integers(tokens + 1, 4 * tokens + 8))
-        low = 0
-    slots = draw(st.lists(st.integers(low, num_slots - 1), min_size=tokens, max_size=tokens, unique=True))
-    seed = draw(seeds)
-    k = random_tensor((tokens, heads, head_dim), dtype, 1.0, seed)
-    v = random_tensor((tokens, heads, head_dim), dtype, 1.0, seed + 1)
-    return StoreCase(k, v, torch.tensor(slots), num_slots, big, draw(gaps))
-
-
-@dataclass(frozen=True)
-class Pools:
-    """The k and v slots of a StoreCase, and the slots watched for stray writes with what they held before."""
-
-    k_slots: torch.Tensor
-    v_slots: torch.Tensor
-    watch: torch.Tensor
-    before: tuple[torch.Tensor, torch.Tensor]
-
-
-def _pools(bench: Bench, case: StoreCase) -> Pools:
-    """The whole pool is watched, or for a pool past 2**31 elements the written slots' neighbours, since reading it
-    all would touch every page."""
-    tokens, heads, head_dim = case.k.shape
-    shape = (case.num_slots, heads, head_dim)
-    if case.big:  # never zero-filled: only the pages written and compared are ever touched
-        pools = [torch.empty(shape, dtype=case.k.dtype, device=bench.device) for _ in range(2)]
-        watch = torch.unique(torch.cat([case.loc + d for d in (-2, -1, 0, 1)]).clamp(0, case.num_slots - 1))
-        for pool in pools:
-            pool[watch] = -7.0
-    else:
-        pools = [random_tensor(shape, case.k.dtype, 1.0, tokens + s).to(bench.device) for s in (0, 1)]
-        watch = torch.arange(case.num_slots)
-    watch = watch.to(bench.device)
-    return Pools(pools[0], pools[1], watch, (pools[0][watch].clone(), pools[1][watch].clone()))
-
-
-def _assert_stored(op: str, call: str, pools: Pools, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   k_close: Callable[[str, torch.Tensor, torch.Tensor], None]) -> None:
-    """k_slots[loc] is k under k_close, v_slots[loc] is v bitwise, and no other watched slot changed."""
-    written = torch.isin(pools.watch, loc)
-    k_close("k_slots[loc]", pools.k_slots[loc], k.to(pools.k_slots.device))
-    assert_bitwise(op, call, "v_slots[loc]", pools.v_slots[loc].cpu(), v)
-    for name, pool, was in (("k_slots", pools.k_slots, pools.before[0]), ("v_slots", pools.v_slots, pools.before[1])):
-        assert_bitwise(op, call, f"{name} outside loc (the guard)", pool[pools.watch][~written], was[~written])
-
-
-def check_store_kv(bench: Bench, case: StoreCase) -> None:
-    """slots[loc] = k, v, bitwise, and no other slot of the pool changes."""
-    pools = _pools(bench, case)
-    k, v = guarded("k", _dev(bench, case.k), case.gap), guarded("v", _dev(bench, case.v), case.gap)
-    loc = guarded("loc", _dev(bench, case.loc))
-    call = describe({"k_slots": pools.k_slots, "k": k.view, "v": v.view, "loc": loc.view},
-                    top_slot=int(case.loc.max()))
-    bench.run_kernel("store_kv", "store_kv", pools.k_slots, pools.v_slots, k.view, v.view, loc.view)
-    _assert_stored("store_kv", call, pools, loc.view, case.k, case.v,
-                   lambda name, got, want: assert_bitwise("store_kv", call, name, got, want))
-    assert_untouched("store_kv", [k, v, loc])
-
-
-# ---- q/k norm + RoPE fused with the KV store -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RopeStoreCase:
-    q: torch.Tensor  # [tokens, kv_heads * group, head_dim]
-    store: StoreCase  # k, v, the slots
-    positions: torch.Tensor  # int64 [tokens]
-    theta: float
-    max_positions: int
-    q_norm: torch.Tensor | None  # both norms or neither, as a model has them
-    k_norm: torch.Tensor | None
-
-
-@st.composite
-def rope_store_cases(draw: st.DrawFn, dtype: torch.dtype, head_dim: int, big_ok: bool) -> RopeStoreCase:
-    store = draw(store_cases(dtype, head_dim, big_ok))
-    tokens, kv_heads, _ = store.k.shape
-    group = draw(st.sampled_from((1, 2, 3, 4)))  # query heads per kv head (Qwen3-0.6B: 16 over 8)
-    positions, max_positions = _table_positions(draw, tokens)
-    seed = draw(seeds)
-    scale = draw(st.sampled_from(ROPE_SCALES))
-    dtype = store.k.dtype  # a pool past 2**31 elements holds two-byte KV
-    q = random_tensor((tokens, kv_heads * group, head_dim), dtype, scale, seed)
-    store = dataclasses.replace(store, k=(store.k.double() * scale).to(dtype))
-    normed = draw(st.booleans())
-    q_norm, k_norm = (random_tensor((head_dim,), dtype, 1.0, seed + s) if normed else None for s in (1, 2))
-    return RopeStoreCase(q, store, positions, draw(st.sampled_from((1e4, 1e6))), max_positions, q_norm, k_norm)
-
-
-def check_norm_rope_store(bench: Bench, case: RopeStoreCase) -> None:
-    """The returned q is norm_rope's, k_slots[loc] holds norm_rope's k and v_slots[loc] the v, under norm_rope's
-    contract (bitwise without a norm), and no other slot changes."""
-    store = case.store
-    pools = _pools(bench, store)
-    q = guarded("q", _dev(bench, case.q), store.gap)
-    k, v = guarded("k", _dev(bench, store.k), store.gap), guarded("v", _dev(bench, store.v), store.gap)
-    loc, positions = guarded("loc", _dev(bench, store.loc)), guarded("positions", _dev(bench, case.positions))
-    guards = [q, k, v, loc, positions]
-    q_norm = _head_norm(bench, "q_norm weight", case.q_norm, guards)
-    k_norm = _head_norm(bench, "k_norm weight", case.k_norm, guards)
-    table = RotaryEmbedding(case.q.shape[-1], case.max_positions, RopeConfig(theta=case.theta), bench.device)
-    call = describe({"q": q.view, "k": k.view, "k_slots": pools.k_slots, "loc": loc.view, "positions": positions.view},
-                    theta=case.theta, qk_norm=q_norm is not None, top_slot=int(store.loc.max()))
-    got = bench.run_kernel("norm_rope_store", "norm_rope_store", q.view, k.view, v.view, table.at(positions.view),
-                           q_norm, k_norm, pools.k_slots, pools.v_slots, loc.view)
-    assert isinstance(got, torch.Tensor)
-    op, normed = "norm_rope_store", q_norm is not None
-
-    def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-        _rope_close(bench, op, call, name, got, want, normed)
-
-    close("q out", got, _want_rope(bench, case.q, positions.view, q_norm, case.theta, case.max_positions))
-    want_k = _want_rope(bench, store.k, positions.view, k_norm, case.theta, case.max_positions)
-    _assert_stored(op, call, pools, loc.view, want_k, store.v, close)
-    assert_untouched(op, guards)

@@ -18,7 +18,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
 
-from ..ops import attention, layers, sampler, step
+from ..ops import attention, kv_store, layers, sampler, step
 from ..ops.bench import Bench
 from ..target import Target
 from .result import Check, Status
@@ -49,13 +49,13 @@ KERNEL_OPS = (
     KernelOp("linear", lambda b: layers.linear_cases(b.dtype), layers.check_linear),
     KernelOp(
         "store_kv",
-        lambda b: layers.store_cases(b.dtype, b.target.head_dim, layers.big_pools_fit(b.device)),
-        layers.check_store_kv,
+        lambda b: kv_store.store_cases(b.dtype, b.target.head_dim, kv_store.big_pools_fit(b.device)),
+        kv_store.check_store_kv,
     ),
     KernelOp(
         "norm_rope_store",
-        lambda b: layers.rope_store_cases(b.dtype, b.target.head_dim, layers.big_pools_fit(b.device)),
-        layers.check_norm_rope_store,
+        lambda b: kv_store.rope_store_cases(b.dtype, b.target.head_dim, kv_store.big_pools_fit(b.device)),
+        kv_store.check_norm_rope_store,
     ),
     KernelOp("greedy_step", lambda b: step.greedy_cases(), step.check_greedy_step),
     KernelOp("slot_check", lambda b: step.slot_cases(b.target.page_sizes), step.check_slot_check),
