@@ -298,6 +298,23 @@ def profile_steps(step: Callable[[], object], device: torch.device, steps: int) 
     return StepProfile(steps, count, device_ms, None, _top_kernels(kernels, steps)), prof
 
 
+def graph_device_ms(engine: Engine, bs: int, mode: str = "greedy", reps: int = 50) -> float | None:
+    """Wall time on the device of the graph captured for bs in `mode`, replayed back to back with the inputs it
+    holds (None without that graph): under programmatic dependent launch the kernels' own durations overlap, and
+    this is the step's device time."""
+    graph = engine.graph_runner.graphs.get(mode, {}).get(bs)
+    if graph is None or not isinstance(engine.device.stream, torch.cuda.Stream):
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(engine.device.stream):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 # ---- samplers -----------------------------------------------------------------------------------------------------
 # No seeded row: a batch with one keeps the torch path even where FlashInfer is on (see engine/sample.py).
 MIXED_PARAMS = (

@@ -27,8 +27,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import engine.engine as engine_module
 from engine import Engine, SamplingParams
 from engine.driver import StaticDriver
@@ -38,6 +36,7 @@ from oracle.target import TargetError
 from .common import (
     benchmark_target,
     build_engine,
+    graph_device_ms,
     machine_info,
     model_for,
     profile_steps,
@@ -71,21 +70,6 @@ def phase_timers(targets: list[tuple[object, str, str]]) -> Iterator[dict[str, f
                 delattr(owner, attr)  # the wrapper shadowed a method of the owner's class
             else:
                 setattr(owner, attr, own)
-
-
-def graph_device_ms(engine: Engine, bs: int, reps: int = 50) -> float | None:
-    """Device time of the captured graph for bs, replayed back to back (None without graphs)."""
-    graph = engine.graph_runner.graphs.get("greedy", {}).get(bs)
-    if graph is None or not isinstance(engine.device.stream, torch.cuda.Stream):
-        return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(engine.device.stream):
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def profile_batch(engine: Engine, bs: int, context: int, steps: int, trace: Path | None) -> dict[str, Any]:

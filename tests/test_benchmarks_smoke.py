@@ -74,6 +74,7 @@ def test_sampled_rows_their_ratios_and_the_step_profile(tiny_models: dict[str, P
     assert profiled == [(1, GREEDY, ENGINE_EAGER)] + [(2, mode, label) for mode, label in zip(MODES, labels)]
     for p in grid["profile"]:  # no device kernels on CPU
         assert p["kernels_per_step"] is None and p["device_ms_per_step"] is None and p["host_ms_per_step"] > 0
+        assert p["graph_ms_per_step"] is None
     with pytest.raises(SystemExit):
         main([*args, "--sampling", "greedy,beam"])
 

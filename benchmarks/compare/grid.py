@@ -145,7 +145,8 @@ def run_grid(
                 profiles.append(profile_row(engine, b, plan.prompt_len, mode, on, labelled(name, mode)))
                 p = profiles[-1]
                 log(f"B={b} profile {p['method']}: {p['kernels_per_step']} kernels/step, "
-                    f"device {p['device_ms_per_step']} ms, host {p['host_ms_per_step']:.3f} ms")
+                    f"summed kernel time {p['device_ms_per_step']} ms, graph {p['graph_ms_per_step']} ms, "
+                    f"host {p['host_ms_per_step']:.3f} ms")
                 for k in p["top_kernels"][:8]:
                     log(f"    {k['us_per_step']:8.1f} us {k['per_step']:6.1f}x  {k['name'][:90]}")
     ratios = grid_ratios(contenders_by_batch(rows), n, modes)

@@ -1,4 +1,5 @@
-"""The step profile of a grid row (--profile): device kernels per decode step, their summed device time and the host
+"""The step profile of a grid row (--profile): device kernels per decode step, their summed device time (kernels that
+overlap under programmatic dependent launch count twice), the captured graph's wall time on the device, and the host
 wall time until the step's launch returned, over the same prompts and sampling as the row (common.profile_steps)."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from typing import Any
 
 from engine import Engine
 
-from ..common import DecodeStep, graphs, profile_steps
-from .sampling import request_params
+from ..common import DecodeStep, graph_device_ms, graphs, profile_steps
+from .sampling import GREEDY, MIXED, SEEDED, request_params
 
 STEPS = 10  # profiled steps, and as many host-timed ones, per row
+GRAPH_MODES = {GREEDY: "greedy", MIXED: "draw", SEEDED: "seeded"}  # the graph each sampling mode replays
 
 
 def profile_row(engine: Engine, bs: int, context: int, mode: str, use_graphs: bool, method: str) -> dict[str, Any]:
@@ -23,5 +25,9 @@ def profile_row(engine: Engine, bs: int, context: int, mode: str, use_graphs: bo
             harness.step()
         host_s = statistics.median(harness.host_step() for _ in range(STEPS))
         step, _ = profile_steps(harness.step, device, STEPS)
+        runner = engine.graph_runner
+        on = use_graphs and runner.enabled
+        graph_ms = graph_device_ms(engine, runner.padded_size(bs), GRAPH_MODES[mode]) if on else None
     engine.release_rows(range(bs))  # the grid's driver maps its rows again
-    return {"batch": bs, "sampling": mode, "method": method, **asdict(replace(step, host_ms_per_step=host_s * 1e3))}
+    return {"batch": bs, "sampling": mode, "method": method, "graph_ms_per_step": graph_ms,
+            **asdict(replace(step, host_ms_per_step=host_s * 1e3))}

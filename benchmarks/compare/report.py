@@ -58,11 +58,12 @@ def print_report(result: dict[str, Any]) -> None:
                 "sampled / greedy, median of per-round ratios" if sampled else "median of per-round ratios",
             )
         for p in grid["profile"]:
-            kernels, device_ms = p["kernels_per_step"], p["device_ms_per_step"]
+            kernels, device_ms, graph_ms = p["kernels_per_step"], p["device_ms_per_step"], p.get("graph_ms_per_step")
             table.add_row(
                 "profile", str(p["batch"]), escape(f"{p['method']}: per decode step"), "",
                 "" if device_ms is None else f"{device_ms:.3f}", "",
-                ("" if kernels is None else f"{kernels:.0f} kernels, device time in ms/step; ")
+                ("" if kernels is None else f"{kernels:.0f} kernels, summed kernel time in ms/step; ")
+                + ("" if graph_ms is None else f"graph {graph_ms:.3f} ms; ")
                 + f"host {p['host_ms_per_step']:.3f} ms",
             )
         for pair, by_b in grid["greedy_agreement"].items():
