@@ -271,19 +271,9 @@ class TritonInvariantKernels(TritonKernels):
 LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
 """Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
-LAYER_KERNELS.register(
-    "triton",
-    TritonKernels,
-    Requires(
-        devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        head_dim=HeadDim("its RoPE kernel", 2), package="triton",
-    ),
+TRITON_REQUIRES = Requires(
+    devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    head_dim=HeadDim("its RoPE kernel", 2), package="triton",
 )
-LAYER_KERNELS.register(
-    "triton_invariant",
-    TritonInvariantKernels,
-    Requires(
-        devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        head_dim=HeadDim("its RoPE kernel", 2), package="triton",
-    ),
-)
+LAYER_KERNELS.register("triton", TritonKernels, TRITON_REQUIRES)
+LAYER_KERNELS.register("triton_invariant", TritonInvariantKernels, TRITON_REQUIRES)
