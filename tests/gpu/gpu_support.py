@@ -37,6 +37,7 @@ needs_flashinfer = [pytest.mark.gpu, requires_flashinfer]
 KERNEL_DEVICE = os.environ.get("KERNEL_TEST_DEVICE", "cuda")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 requires_kernel_device = pytest.mark.skipif(KERNEL_DEVICE == "cuda" and not HAS_CUDA, reason="needs a CUDA GPU")
+needs_kernel_device = [pytest.mark.gpu, requires_kernel_device]  # module-level pytestmark
 
 # The zoo architectures of the target's head_dim models: all but qwen3_moe, whose attention is Qwen3's.
 WIDE_ARCHS = ("qwen3", "qwen2", "llama", "llama_gqa3")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from gpu_support import KERNEL_DEVICE as DEVICE
-from gpu_support import requires_kernel_device  # noqa: E402
+from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine.attention.triton_decode import paged_decode  # noqa: E402
 from engine.attention.triton_invariant import SPLITS  # noqa: E402
@@ -28,10 +28,7 @@ from engine.layers.triton_matmul import BLOCK_M, matmul  # noqa: E402
 from oracle.drive import TINY_VOCAB  # noqa: E402
 from oracle.target import parse  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    requires_kernel_device,
-]
+pytestmark = needs_kernel_device
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 
 

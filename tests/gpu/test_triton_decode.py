@@ -17,14 +17,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from gpu_support import INTERPRETED, requires_kernel_device  # noqa: E402
+from gpu_support import INTERPRETED, needs_kernel_device  # noqa: E402
 from gpu_support import KERNEL_DEVICE as DEVICE
 
 from engine.attention.triton_decode import block_n, choose_splits, paged_decode  # noqa: E402
 
 pytestmark = [
-    pytest.mark.gpu,
-    requires_kernel_device,
+    *needs_kernel_device,
     pytest.mark.filterwarnings("ignore:divide by zero encountered in log"),  # the interpreter's log(0) of empty splits
 ]
 PAGE = 16

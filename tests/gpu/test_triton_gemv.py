@@ -18,15 +18,12 @@ import torch
 pytest.importorskip("triton")
 
 from gpu_support import KERNEL_DEVICE as DEVICE
-from gpu_support import requires_kernel_device  # noqa: E402
+from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine.layers import triton_gemv  # noqa: E402
 from engine.layers.kernels import TORCH_KERNELS, TritonKernels  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    requires_kernel_device,
-]
+pytestmark = needs_kernel_device
 BF16_ULP = 2.0**-7
 
 # (rows, N, K): one K block (24, 1024) and several (1500 and 2500 off the block, 4096 on it), N tails (50, 1030:

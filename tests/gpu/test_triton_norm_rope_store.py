@@ -19,17 +19,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from gpu_support import INTERPRETED, requires_kernel_device  # noqa: E402
+from gpu_support import INTERPRETED, needs_kernel_device  # noqa: E402
 from gpu_support import KERNEL_DEVICE as DEVICE
 
 from engine.layers.kernels import TORCH_KERNELS, LayerKernels, TritonKernels  # noqa: E402
 from engine.layers.rotary import RotaryEmbedding  # noqa: E402
 from engine.models.config import RopeConfig  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    requires_kernel_device,
-]
+pytestmark = needs_kernel_device
 BF16_ULP = 2.0**-7
 MAX_POSITIONS = 4096
 SLOTS = 40
