@@ -126,7 +126,7 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
         "seeded_noise_by_row", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
-    invariant = ["linear_rows_by_count", "attention_decode_padded"]  # the batch-invariant mode's own code
+    invariant = ["linear_rows_by_count", "attention_decode_padded", "norm_reduction_by_block_count"]  # its own code
     assert mutants_for("cpu", parse("cpu-fp32")) == [m for m in mutants_for("cpu") if m not in invariant]
     assert set(invariant) <= set(mutants_for("cpu", parse("cpu-fp32,invariant=on")))
     assert "matmul_split_k_by_rows" in mutants_for("cuda", parse("cuda-bf16,invariant=on"))

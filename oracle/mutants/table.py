@@ -422,6 +422,15 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("invariant", True),),
         ),
         Mutant(
+            "norm_reduction_by_block_count",
+            "in batch-invariant mode RMSNorm sums its squares in as many column blocks as the batch has rows, so a "
+            "request's norm rounds differently alone and batched",
+            "thinking-machines-lab/batch_invariant_ops (RMSNorm's reduction strategy chosen by the batch size), "
+            "sgl-project/sglang deterministic inference (one reduction order per row)",
+            invariance.norm_reduction_by_block_count,
+            needs=(("invariant", True),),
+        ),
+        Mutant(
             "matmul_split_k_by_rows",
             "in batch-invariant mode on CUDA a lone row's projections split K in two halves summed after rounding "
             "(a split-K chosen from the batch to fill the GPU), so a request rounds differently alone and batched",

@@ -9,12 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.torch_backend import TorchAttnBackend, TorchAttnMetadata
-from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, TritonInvariantKernels, blocked_linear
+from engine.layers.kernels import BLOCK_ROWS, InvariantKernels, TorchKernels, TritonInvariantKernels, blocked_linear
 
 from .base import swap
 
 _ORIGINAL_PER_TOKEN = TorchAttnBackend._per_token
 _ORIGINAL_TRITON_LINEAR = TritonInvariantKernels.linear
+_ORIGINAL_RMS_NORM = TorchKernels.rms_norm
 
 
 def _linear_last_block_unpadded(
@@ -63,3 +64,20 @@ def _linear_lone_row_split_k(
 
 def matmul_split_k_by_rows() -> contextlib.AbstractContextManager[None]:
     return swap(TritonInvariantKernels, "linear", _linear_lone_row_split_k)
+
+
+def _rms_norm_blocks_by_rows(self: TorchKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """In batch-invariant mode the sum of squares runs in as many column blocks as the input has rows (up to 4), a
+    split that follows the batch: a row's norm rounds differently alone and batched."""
+    rows = x.numel() // x.shape[-1]
+    if not isinstance(self, InvariantKernels) or rows < 2:
+        return _ORIGINAL_RMS_NORM(self, x, weight, eps)
+    h = x.to(torch.float32)
+    width = -(-x.shape[-1] // min(rows, 4))
+    squares = torch.stack([part.pow(2).sum(-1) for part in h.split(width, dim=-1)]).sum(0, keepdim=True).T
+    h = h * torch.rsqrt(squares.view(*x.shape[:-1], 1) / x.shape[-1] + eps)
+    return weight * h.to(x.dtype)
+
+
+def norm_reduction_by_block_count() -> contextlib.AbstractContextManager[None]:
+    return swap(TorchKernels, "rms_norm", _rms_norm_blocks_by_rows)
