@@ -11,8 +11,8 @@ as HF does are excluded too (ReferenceDistribution.unclear(decides_on_probs=True
 
 Filter order (class 6): a second test draws only rows and top-k/top-p settings where FlashInfer's "joint" order
 (top-k and top-p on the original distribution; oracle mode="joint") keeps a token that HF's order, top-k first,
-drops (oracle.strategies.filter_order_cases for the pair top-k/top-p, whose other order is joint). It fails on a
-single draw of such a token, a check with no false failures (a correct sampler never draws outside the support),
+drops (oracle.sampling_strategies.filter_order_cases for the pair top-k/top-p, whose other order is joint). It fails
+on a single draw of such a token, a check with no false failures (a correct sampler never draws outside the support),
 so it spends none of the α budget. Power: the joint-only tokens carry at least MIN_CASE_MASS = 1e-3 of joint's
 distribution, so a joint-order sampler escapes 32,768 draws with probability <= (1 - 1e-3)^32768 < 1e-14.
 Runs only with CUDA and flashinfer (pytest -m gpu); skipped elsewhere.
@@ -30,8 +30,9 @@ from engine.device import flashinfer_installed
 from engine.sample import Sampler
 from oracle.budget import examples
 from oracle.sampler import reference_distribution
+from oracle.sampling_strategies import MIN_CASE_MASS, filter_order_cases
 from oracle.stats import AlphaBudget, chi_square_gof, support_check
-from oracle.strategies import MIN_CASE_MASS, filter_order_cases, logits_rows, sampling_params, seeds
+from oracle.strategies import logits_rows, sampling_params, seeds
 
 pytestmark = [
     pytest.mark.gpu,

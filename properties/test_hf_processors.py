@@ -20,8 +20,8 @@ ambiguous tokens (per group of identical scores where their sort left ties out o
 Inputs: tie-heavy rows (1..4 repeated levels, or bf16-rounded Gaussians, with a share of -inf) and tie-free
 Gaussians of 1..40 tokens; tiny (1e-30..1e-5), ordinary and huge (1e4..1e30, where float32 probabilities tie
 although the logits differ) temperatures; top-k, top-p and min-p each off or drawn with their edges
-(oracle.strategies.filter_params). Deterministic comparisons, so no α; CPU math only: examples(5.0) examples, 125
-under `ci` and 2000 under `deep`, in seconds.
+(oracle.sampling_strategies.filter_params). Deterministic comparisons, so no α; CPU math only: examples(5.0)
+examples, 125 under `ci` and 2000 under `deep`, in seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from engine import SamplingParams
 from oracle.budget import examples
 from oracle.coverage import exercised, floors
 from oracle.sampler import reference_distribution
-from oracle.strategies import HUGE_TEMPERATURES, filter_params, logits_rows, tie_heavy_rows
+from oracle.sampling_strategies import HUGE_TEMPERATURES, filter_params, tie_heavy_rows
+from oracle.strategies import logits_rows
 from oracle.tolerance import summation_bound
 
 

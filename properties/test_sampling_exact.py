@@ -9,11 +9,11 @@ therefore fails on one example whatever mass it moves, where a chi-square test o
 
 Batches mix, row by row: greedy rows; tie-free, tie-heavy (repeated levels, bf16-rounded values, -inf entries) and
 wide (std 10..30, tails far below float32's resolution of 1 - mass) rows; top_k = 1 over tied maxima; tiny and huge
-temperatures; every combination of top-k, top-p and min-p (oracle.strategies.filter_params); filter-order cases for
-every pair of filters whose order changes the support (class 1, oracle.strategies.ORDER_PAIRS: temperature/top-p,
-temperature/min-p, top-k/top-p, top-p/min-p; temperature/top-k and top-k/min-p commute); and, in every batch, a
-row with such a tail and without top-p next to a row with top-p (class 3: a batch-mate's top-p must not truncate
-that tail), and one more filter-order case.
+temperatures; every combination of top-k, top-p and min-p (oracle.sampling_strategies.filter_params); filter-order
+cases for every pair of filters whose order changes the support (class 1, oracle.sampling_strategies.ORDER_PAIRS:
+temperature/top-p, temperature/min-p, top-k/top-p, top-p/min-p; temperature/top-k and top-k/min-p commute); and, in
+every batch, a row with such a tail and without top-p next to a row with top-p (class 3: a batch-mate's top-p must
+not truncate that tail), and one more filter-order case.
 
 Deterministic comparisons, so no α; examples(2.0) batches (50 under `ci`), CPU math only on the torch target.
 """
@@ -29,7 +29,8 @@ from oracle.budget import examples
 from oracle.checks import FLOAT32_FLOOR, check_filtered_distribution
 from oracle.coverage import exercised, floors
 from oracle.sampler import reference_distribution
-from oracle.strategies import filter_order_cases, filter_params, logits_rows, seeds, tie_heavy_rows
+from oracle.sampling_strategies import filter_order_cases, filter_params, tie_heavy_rows
+from oracle.strategies import logits_rows, seeds
 from oracle.target import Target
 
 MAX_ROWS = 6

@@ -20,7 +20,8 @@ from engine.sample import BaseSampler, BatchSamplingArgs
 
 from ..checks import check_filtered_distribution
 from ..sampler import reference_distribution
-from ..strategies import filter_params, logits_rows, request_seeds, seeds, tie_heavy_rows
+from ..sampling_strategies import filter_params, tie_heavy_rows
+from ..strategies import logits_rows, request_seeds, seeds
 from .bench import Bench
 from .ledger import label
 from .strategies import BLOCK_EDGES, edge_sizes
