@@ -21,6 +21,7 @@ from gpu_support import INTERPRETED, needs_kernel_device  # noqa: E402
 from gpu_support import KERNEL_DEVICE as DEVICE
 
 from engine.attention.triton_decode import block_n, choose_splits, paged_decode  # noqa: E402
+from oracle.tolerance import unit_roundoff  # noqa: E402
 
 pytestmark = [
     *needs_kernel_device,
@@ -29,7 +30,7 @@ pytestmark = [
 PAGE = 16
 # Rounding to bfloat16 is off by at most half an ulp, 2**-8 of the magnitude; the interpreter truncates instead
 # (a whole ulp).
-BF16_ROUNDING = 2.0**-7 if INTERPRETED else 2.0**-8
+BF16_ROUNDING = unit_roundoff(torch.bfloat16) * (2 if INTERPRETED else 1)
 
 
 def _gen(seed: int) -> torch.Generator:
