@@ -15,7 +15,7 @@ from ..device import upload
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
-SPLITS = 1  # a split count chosen from the batch would change how a token's keys are summed
+SPLITS = 16  # a constant: a split count chosen from the batch would change how a token's keys are summed
 
 
 @dataclass
