@@ -26,8 +26,8 @@ from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine.attention.triton_decode import paged_decode  # noqa: E402
 from engine.attention.triton_invariant import SPLITS  # noqa: E402
-from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
 from engine.layers import triton_matmul  # noqa: E402
+from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
 from engine.layers.triton_matmul import BLOCK_M, Tiles, matmul, tiles  # noqa: E402
 from oracle.drive import TINY_VOCAB  # noqa: E402
 from oracle.target import parse  # noqa: E402
