@@ -81,9 +81,11 @@ def _reduce_kernel(parts_ptr, b_ptr, out_ptr, size, N, SPLITS: tl.constexpr, HAS
     """out = parts[0] + parts[1] + ... in split order, + bias, rounded once: element by element, so M never enters."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < size
-    acc = tl.load(parts_ptr + i, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(parts_ptr + s * size + i, mask=ok, other=0.0)
+    at = parts_ptr + i
+    acc = tl.load(at, mask=ok, other=0.0)
+    for _ in tl.static_range(1, SPLITS):
+        at += size  # the pointer steps: s * size may pass int32
+        acc += tl.load(at, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
