@@ -1,7 +1,8 @@
 """Batch-invariant attention on CUDA (EngineConfig.batch_invariant): every query token, in prefill, extend and decode
-alike, attends alone over the first position + 1 slots of its table row in the paged decode kernel with one split, so
-its keys are reduced in fixed-size blocks in order whatever the batch, its padding or the prefill chunking. Lengths are
-read on the device: a decode graph replays with no plan.
+alike, attends alone over the first position + 1 slots of its table row in the paged decode kernel with SPLITS splits,
+a constant, so each split's range is a function of the token's own length alone, its keys are reduced in fixed-size
+blocks in order and the splits merged in split order (no atomics) whatever the batch, its padding or the prefill
+chunking. Lengths are read on the device: a decode graph replays with no plan.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..device import upload
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
-SPLITS = 1  # a split count chosen from the batch would change how a token's keys are summed
+SPLITS = 16  # enough programs at batch 1; chosen from the batch, it would change how a token's keys are summed
 
 
 @dataclass

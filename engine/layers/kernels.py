@@ -2,7 +2,7 @@
 norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
 runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
 small-batch GEMV that can take the norm in front of it; 'triton_invariant' (CUDA, EngineConfig.batch_invariant) takes
-every product in one fixed tile configuration.
+every product in the one tile configuration and split-K of its weight's shape.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ class TritonKernels(LayerKernels):
 
 
 class TritonInvariantKernels(TritonKernels):
-    """TritonKernels with every product and the LM head in the one-configuration matmul (triton_matmul.py), for
+    """TritonKernels with every product and the LM head in the weight-shaped matmul (triton_matmul.py), for
     EngineConfig.batch_invariant on CUDA; the norms, RoPE, SiLU and KV store already run one program per row."""
 
     name = "triton_invariant"

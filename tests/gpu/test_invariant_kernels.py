@@ -1,7 +1,8 @@
-"""The batch-invariant kernels on CUDA (EngineConfig.batch_invariant): the one-configuration matmul
-(engine/layers/triton_matmul.py) and per-token paged attention (engine/attention/triton_invariant.py's use of the
-decode kernel with one split). Each row or token computed in any batch, at any position in it, with padding rows
-beside it, is bitwise the same row computed alone; and both are close to a float64 reference. Then an engine on
+"""The batch-invariant kernels on CUDA (EngineConfig.batch_invariant): the matmul whose tiles and split-K follow the
+weight's shape alone (engine/layers/triton_matmul.py) and per-token paged attention (engine/attention/
+triton_invariant.py's use of the decode kernel with a constant split count). Each row or token computed in any batch,
+at any position in it, among any other rows, is bitwise the same row computed alone; and both are close to a float64
+reference. Then an engine on
 ``cuda-bf16,invariant=on``: its backends, captured graphs, and one batch bitwise its solo runs.
 
 On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter (float32 and
@@ -10,6 +11,8 @@ float16 there: the interpreter has no bfloat16 dot).
 
 from __future__ import annotations
 
+import inspect
+import random
 from pathlib import Path
 
 import pytest
@@ -23,13 +26,18 @@ from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine.attention.triton_decode import paged_decode  # noqa: E402
 from engine.attention.triton_invariant import SPLITS  # noqa: E402
+from engine.layers import triton_matmul  # noqa: E402
 from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
-from engine.layers.triton_matmul import BLOCK_M, matmul  # noqa: E402
+from engine.layers.triton_matmul import BLOCK_M, Tiles, matmul, tiles  # noqa: E402
 from oracle.drive import TINY_VOCAB  # noqa: E402
 from oracle.target import parse  # noqa: E402
 
 pytestmark = needs_kernel_device
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+ROW_COUNTS = (1, 2, 3, 7, 8, 9, 64, 65)  # each side of 8 and of BLOCK_M
+# Weight shapes [n, k] through each of tiles()'s choices: narrow tiles without and with split-K (a short last split
+# among them), and wide tiles without.
+SHAPES = [(5, 7), (70, 1000), (40, 600), (16896, 24)]
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -51,6 +59,39 @@ def test_matmul_rows_are_those_of_any_batch(dtype: torch.dtype, m: int, n: int, 
         assert torch.equal(matmul(shuffled, w, b)[0], out[i]), f"row {i} first"
     assert torch.equal(matmul(x, w.t().contiguous().t(), b), out), "a column-major weight"
     assert matmul(x.view(1, m, k), w).shape == (1, m, n)
+
+
+def test_tiles_follow_the_weight_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert list(inspect.signature(tiles).parameters) == ["n", "k"]
+    assert {tiles(n, k)[:2] for n, k in SHAPES} == {(32, 1), (32, 4), (32, 2), (64, 1)}
+    seen: list[tuple[int, int]] = []
+
+    def recording(n: int, k: int) -> Tiles:
+        seen.append((n, k))
+        return tiles(n, k)
+
+    monkeypatch.setattr(triton_matmul, "tiles", recording)
+    w = torch.zeros(70, 1000, device=DEVICE)
+    for m in (1, 9):
+        matmul(torch.zeros(m, 1000, device=DEVICE), w)
+    assert seen == [(70, 1000)] * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_a_matmul_row_is_the_same_whatever_the_other_rows_and_their_count(dtype: torch.dtype, n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    row, w, b = _randn(gen, 1, k, dtype=dtype), _randn(gen, n, k, dtype=dtype), _randn(gen, n, dtype=dtype)
+    alone = matmul(row, w, b)
+    ref = F.linear(row.double(), w.double(), b.double())
+    bound = (2.0**-7 if dtype == torch.bfloat16 else 2.0**-9) * ref.abs().max().item()
+    assert (alone.double() - ref).abs().max().item() <= bound
+    place = random.Random(n * k)
+    for m in ROW_COUNTS:
+        x = _randn(gen, m, k, dtype=dtype)
+        i = place.randrange(m)
+        x[i] = row[0]
+        assert torch.equal(matmul(x, w, b)[i], alone[0]), f"row {i} of {m}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -83,6 +124,36 @@ def test_per_token_attention_is_that_of_any_batch(dtype: torch.dtype, group: int
         ref = torch.einsum("hs,shd->hd", weights, values)
         bound = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-9 if dtype == torch.float16 else 1e-5
         assert (out[t].double() - ref).abs().max().item() <= bound * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_token_attends_the_same_whatever_the_batch(dtype: torch.dtype) -> None:
+    """One decode token, with fewer keys than splits' blocks (empty splits), a few, and more than all splits' blocks,
+    in batches of random other tokens of random lengths: its output is bitwise the same as alone."""
+    gen = torch.Generator().manual_seed(7)
+    group, head_dim, kv_heads, width = 2, 16, 2, 1200
+    rows_total = 12
+    num_slots = rows_total * width
+    k_slots = _randn(gen, num_slots, kv_heads, head_dim, dtype=dtype)
+    v_slots = _randn(gen, num_slots, kv_heads, head_dim, dtype=dtype)
+    table = torch.randperm(num_slots, generator=gen).view(rows_total, width).int().to(DEVICE)
+    scale = head_dim**-0.5
+    place = random.Random(3)
+    for length in (1, 70, 1100):
+        q = _randn(gen, 1, kv_heads * group, head_dim, dtype=dtype)
+        lens = torch.tensor([length], dtype=torch.int32, device=DEVICE)
+        alone = paged_decode(q, k_slots, v_slots, table, torch.zeros(1, dtype=torch.int64, device=DEVICE), lens,
+                             scale, SPLITS)
+        for bs in (2, 3, 9):
+            i = place.randrange(bs)
+            qs = _randn(gen, bs, kv_heads * group, head_dim, dtype=dtype)
+            qs[i] = q[0]
+            rows = torch.tensor(place.sample(range(1, rows_total), bs), dtype=torch.int64)
+            rows[i] = 0
+            others = torch.tensor([place.randint(1, width) for _ in range(bs)], dtype=torch.int32)
+            others[i] = length
+            out = paged_decode(qs, k_slots, v_slots, table, rows.to(DEVICE), others.to(DEVICE), scale, SPLITS)
+            assert torch.equal(out[i], alone[0]), f"{length} keys, token {i} of {bs}"
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="an engine on CUDA")
