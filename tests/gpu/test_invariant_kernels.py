@@ -30,7 +30,7 @@ from engine.layers import triton_matmul  # noqa: E402
 from engine.layers.kernels import TritonInvariantKernels  # noqa: E402
 from engine.layers.triton_matmul import BLOCK_M, Tiles, matmul, tiles  # noqa: E402
 from oracle.drive import TINY_VOCAB  # noqa: E402
-from oracle.target import parse  # noqa: E402
+from oracle.target import Target, parse  # noqa: E402
 
 pytestmark = needs_kernel_device
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -158,11 +158,13 @@ def test_a_token_attends_the_same_whatever_the_batch(dtype: torch.dtype) -> None
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="an engine on CUDA")
 def test_an_invariant_engine_runs_its_kernels_with_graphs_and_a_batch_matches_its_solo_runs(
-    wide_models: dict[str, Path],
+    wide_models: dict[str, Path], gpu_target: Target,
 ) -> None:
+    """On the session's target where it is an invariant one, else on cuda-bf16,invariant=on."""
     from gpu_support import generate, gpu_engine, random_prompt
 
-    engine = gpu_engine(parse("cuda-bf16,invariant=on").require(), wide_models["qwen3"])
+    target = gpu_target if gpu_target.invariant else parse("cuda-bf16,invariant=on").require()
+    engine = gpu_engine(target, wide_models["qwen3"])
     try:
         assert engine.attn_backend.name == "triton_invariant" and isinstance(engine.ctx.kernels, TritonInvariantKernels)
         assert engine.graph_runner.enabled
