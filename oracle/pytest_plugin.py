@@ -55,6 +55,7 @@ from _pytest.junitxml import xml_key
 from hypothesis import HealthCheck, Phase, settings
 
 from oracle import coverage
+from oracle.plugin_probe import probe_plugins
 from oracle.plugins import PluginError, check_findable, load_plugins, plugin_names
 from oracle.target_spec import DEVICE_DEFAULTS, TARGET_ENV, TargetError, named_text, parse_spec, target_text
 
@@ -136,6 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile(os.environ.get(PROFILE_ENV, "ci"))
     try:
+        probe_plugins(config.getoption("plugin"))  # a plugin that ends the process would end the session as a pass
         config.stash[_PLUGINS_KEY] = load_plugins(config.getoption("plugin"))
         config.stash[_TARGET_KEY] = from_env(config.getoption("target")).require()
     except (TargetError, PluginError) as exc:
