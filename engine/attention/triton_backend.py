@@ -37,6 +37,7 @@ class TritonDecodeBackend(BaseAttnBackend):
         self.page_table = page_table
         self.scale = kv_cache.head_dim**-0.5
         self._arange = torch.arange(page_table.shape[0], dtype=torch.int64, device=device)
+        self._arrivals = torch.zeros(page_table.shape[0] * kv_cache.num_kv_heads, dtype=torch.int32, device=device)
         self._num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self._max_seq_len = page_table.shape[1]
 
@@ -54,7 +55,7 @@ class TritonDecodeBackend(BaseAttnBackend):
         assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
         return self._paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, batch.table_rows,
-            meta.seq_lens, self.scale, meta.num_splits,
+            meta.seq_lens, self.scale, meta.num_splits, self._arrivals,
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:

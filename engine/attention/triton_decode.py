@@ -1,5 +1,6 @@
 """Paged decode attention in Triton through the token-granular page table: rows, lengths and the split-KV split are
-read on the device, so a graph replays it with no host planning. float32 throughout; the output rounded once.
+read on the device, so a graph replays it with no host planning. float32 throughout; the output rounded once. One
+launch, under programmatic dependent launch: the last split of a (request, kv head) to finish merges its splits.
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ..layers.triton_pdl import pdl_on, pdl_release, pdl_wait
 
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 64
@@ -16,11 +19,14 @@ TILE_VALUES = 8192  # fp32 values of one [group, tokens, head_dim] product tile
 @triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, out_ptr, lse_ptr, stride_qb, stride_qh, stride_qd,
-    stride_ks, stride_kh, stride_vs, stride_vh, stride_table, scale,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_table, scale, merged_ptr, arrivals_ptr,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
+    SPLIT: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One (request, kv head, split): all GROUP query heads over the split's tokens."""
+    """One (request, kv head, split): all GROUP query heads over the split's tokens; SPLIT: the last split of a
+    (request, kv head) to finish merges them all."""
+    pdl_release(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -66,22 +72,32 @@ def _decode_kernel(
     out_rows = (b * num_q_heads + heads) * num_splits + split
     tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=g_mask[:, None])
-    if WRITE_LSE:
+    if SPLIT:
         tl.store(lse_ptr + out_rows, m + tl.log(total), mask=g_mask)
+        # Every thread's stores are issued before the release; the acquire makes the other splits' visible.
+        tl.debug_barrier()
+        counter = arrivals_ptr + b * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+            tl.debug_barrier()
+            _merge_splits(out_ptr, lse_ptr, merged_ptr, (b * num_q_heads + heads) * num_splits, b * num_q_heads + heads,
+                          g_mask, num_splits, S_PAD, HEAD_DIM)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
-def _merge_kernel(parts_ptr, lse_ptr, out_ptr, num_splits, S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    r = tl.program_id(0)
+def _merge_splits(parts_ptr, lse_ptr, out_ptr, first_rows, out_rows, g_mask, num_splits, S_PAD: tl.constexpr,
+                  HEAD_DIM: tl.constexpr):
+    """The splits of each row, in split order, weighted by their log-sum-exp: the same sums whoever merges."""
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, HEAD_DIM)
-    s_mask = s < num_splits
-    lse = tl.load(lse_ptr + r * num_splits + s, mask=s_mask, other=float("-inf"))
-    parts = tl.load(parts_ptr + (r * num_splits + s)[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None],
-                    other=0.0)
-    w = tl.exp(lse - tl.max(lse, axis=0))  # split 0 is never empty: the max is finite
-    o = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
-    tl.store(out_ptr + r * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
+    at = first_rows[:, None] + s[None, :]
+    mask = g_mask[:, None] & (s < num_splits)[None, :]
+    lse = tl.where(g_mask[:, None], tl.load(lse_ptr + at, mask=mask, other=float("-inf")), 0.0)  # no NaN lanes
+    parts = tl.load(parts_ptr + at[:, :, None] * HEAD_DIM + d[None, None, :], mask=mask[:, :, None], other=0.0)
+    w = tl.exp(lse - tl.max(lse, axis=1)[:, None])  # split 0 is never empty: the max is finite
+    o = tl.sum(w[:, :, None] * parts, axis=1) / tl.sum(w, axis=1)[:, None]
+    tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=g_mask[:, None])
 
 
 def block_n(group: int, head_dim: int) -> int:
@@ -105,8 +121,10 @@ def choose_splits(bs: int, num_kv_heads: int, max_len: int, num_sms: int) -> int
 def paged_decode(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, page_table: torch.Tensor,
     table_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] slots of row table_rows[i] → [bs, Hq, D]."""
+    """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] slots of row table_rows[i] → [bs, Hq, D].
+    arrivals: int32 zeros, at least bs * Hkv, that the split merge counts on and leaves zero (None: made here)."""
     bs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
     assert num_q_heads % num_kv_heads == 0 and num_splits >= 1
@@ -115,19 +133,19 @@ def paged_decode(
     g_pad = triton.next_power_of_2(group)
     tokens = block_n(group, head_dim)
     out = torch.empty(bs, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
-    if num_splits == 1:
-        parts, lse = out, out  # lse is not written
-    else:
+    parts, lse = out, out  # one split: the output, and no log-sum-exp
+    if num_splits > 1:
         parts = torch.empty(bs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(bs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        if arrivals is None:
+            arrivals = torch.zeros(bs * num_kv_heads, dtype=torch.int32, device=q.device)
+        assert arrivals.dtype == torch.int32 and arrivals.numel() >= bs * num_kv_heads
+    pdl = pdl_on(q)
     _decode_kernel[(bs, num_kv_heads, num_splits)](
         q, k_slots, v_slots, page_table, table_rows, seq_lens, parts, lse, q.stride(0), q.stride(1), q.stride(2),
         k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), page_table.stride(0), scale,
-        GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_N=tokens, WRITE_LSE=num_splits > 1,
+        out, out if arrivals is None else arrivals, GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_N=tokens,
+        SPLIT=num_splits > 1, S_PAD=triton.next_power_of_2(num_splits), PDL=pdl, launch_pdl=pdl,
         num_warps=_num_warps(g_pad * tokens * head_dim, head_dim),
     )
-    if num_splits > 1:
-        _merge_kernel[(bs * num_q_heads,)](
-            parts, lse, out, num_splits, S_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim
-        )
     return out

@@ -133,6 +133,16 @@ def test_int64_lengths_and_short_splits() -> None:
     _check(paged_decode(**inputs, num_splits=16), _reference(**inputs), torch.float32)
 
 
+def test_split_merge_leaves_its_counters_zero_for_the_next_launch() -> None:
+    """The last split of each (request, kv head) merges and resets its counter: a second call on the same counters
+    (the next layer, the next replay) merges again."""
+    inputs = _case(5, torch.float32, 2, 2, 64, [450, 1, 100], "permuted")
+    arrivals = torch.zeros(3 * 2, dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        _check(paged_decode(**inputs, num_splits=8, arrivals=arrivals), _reference(**inputs), torch.float32)
+        assert not arrivals.any(), arrivals.tolist()
+
+
 def test_choose_splits() -> None:
     assert choose_splits(1, 8, 8192, 132) == 16  # 264 programs wanted, capped at 16 splits
     assert choose_splits(4, 2, 300, 132) == 4  # no split under 64 tokens
@@ -147,19 +157,23 @@ def test_choose_splits() -> None:
 def test_cuda_graph_replay_follows_device_lengths_and_rows(num_splits: int) -> None:
     inputs = _case(11, torch.bfloat16, 3, 2, 64, [40, 300, 1, 150], "paged")
     static = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+    arrivals = torch.zeros(4 * 2, dtype=torch.int32, device=DEVICE)  # the split merge's, shared by every replay
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        paged_decode(**static, num_splits=num_splits)  # compiles outside the capture
+        paged_decode(**static, num_splits=num_splits, arrivals=arrivals)  # compiles outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_decode(**static, num_splits=num_splits)
+        out = paged_decode(**static, num_splits=num_splits, arrivals=arrivals)
+    graph.replay()
     graph.replay()
     _check(out, _reference(**static), torch.bfloat16)
+    assert not arrivals.any()
 
     # Swap requests 0 and 1 (rows and lengths) and shorten two: the captured launch must read the new values.
     static["table_rows"].copy_(inputs["table_rows"][[1, 0, 2, 3]])
     static["seq_lens"].copy_(torch.tensor([300, 7, 1, 150], dtype=torch.int32, device=DEVICE))
     graph.replay()
     _check(out, _reference(**static), torch.bfloat16)
+    assert not arrivals.any()
