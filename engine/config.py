@@ -28,7 +28,7 @@ DTYPES = {
 
 # batch_invariant's attention backend and layer kernels per device: each reduces every row or token alone.
 INVARIANT_BACKENDS: dict[str, tuple[str, str]] = {
-    "cpu": ("torch", "torch"),
+    "cpu": ("torch", "torch_invariant"),
     "cuda": ("triton_invariant", "triton_invariant"),
 }
 

@@ -24,7 +24,7 @@ from .distributed.tp import shard_config
 from .errors import ConfigError, EngineBusyError, EngineClosedError
 from .graph import GraphRunner, Mode, StepOutputs, default_graph_bs
 from .kvcache import KVCachePool, model_footprint, plan_num_pages
-from .layers.kernels import LAYER_KERNELS, InvariantKernels, LayerKernels
+from .layers.kernels import LAYER_KERNELS, LayerKernels
 from .models import ModelConfig, fill_dummy_weights, get_model_class, load_weights
 from .moe import MOE_BACKENDS
 from .registry import Where
@@ -89,8 +89,7 @@ class Engine:
         return _Choices(
             attention=attention,
             moe=MOE_BACKENDS.factory(MOE_BACKENDS.resolve(config.moe_backend, where))(),
-            kernels=InvariantKernels() if config.batch_invariant and kernels == "torch"
-            else LAYER_KERNELS.factory(kernels)(),
+            kernels=LAYER_KERNELS.factory(kernels)(),
             step=STEP_KERNELS.factory(STEP_KERNELS.resolve(config.step_kernels, where))(),
             sampler=SAMPLERS.resolve(config.sampler_backend, where),
         )

@@ -23,7 +23,16 @@ from engine.config import DTYPES, INVARIANT_BACKENDS
 from engine.registry import Registry
 from engine.sample import BaseSampler
 
-from .target_spec import DEFAULT, TARGET_ENV, TargetError, TargetSpec, naming_file, parse_spec, target_text
+from .target_spec import (
+    DEFAULT,
+    INVARIANT_KEYS,
+    TARGET_ENV,
+    TargetError,
+    TargetSpec,
+    naming_file,
+    parse_spec,
+    target_text,
+)
 from .target_spec import PRESETS as SPECS
 from .tolerance import LOGIT_TOLERANCES, LogitTolerance, logit_tolerance
 
@@ -34,10 +43,14 @@ __all__ = ["DEFAULT", "PRESETS", "TARGET_ENV", "Target", "TargetError", "from_en
 class Target(TargetSpec):
     @classmethod
     def of(cls, spec: TargetSpec) -> Target:
-        """The spec as a Target, its dtype checked against the engine's names and spelled canonically."""
+        """The spec as a Target, its dtype checked against the engine's names and spelled canonically; with invariant
+        on, attention and kernels "auto" become the engine's INVARIANT_BACKENDS of the device."""
         if spec.dtype not in DTYPES:
             raise TargetError(f"dtype={spec.dtype!r}: use one of {', '.join(sorted(DTYPES))}")
         fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        if spec.invariant and spec.device in INVARIANT_BACKENDS:  # "auto" names what batch invariance runs there
+            invariant = dict(zip(INVARIANT_KEYS, INVARIANT_BACKENDS[spec.device]))
+            fields |= {k: v for k, v in invariant.items() if fields[k] == "auto"}
         return cls(**fields | {"dtype": str(DTYPES[spec.dtype]).removeprefix("torch.")})
 
     @property

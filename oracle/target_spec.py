@@ -62,9 +62,6 @@ PRESETS: dict[str, TargetSpec] = {
     )
 }
 
-# What invariant=on runs on CUDA (engine.config.INVARIANT_BACKENDS): `cuda-bf16,invariant=on` needs no more keys.
-INVARIANT_CUDA = {"attention": "triton_invariant", "kernels": "triton_invariant"}
-
 _BOOLS = {"on": True, "true": True, "1": True, "yes": True, "off": False, "false": False, "0": False, "no": False}
 
 
@@ -107,6 +104,8 @@ def _field(key: str, value: object) -> object:
 
 
 KEYS = tuple(f.name for f in dataclasses.fields(TargetSpec) if f.name != "name")
+# The keys engine.config.INVARIANT_BACKENDS names, in its order: `cuda-bf16,invariant=on` needs no more keys.
+INVARIANT_KEYS = ("attention", "kernels")
 
 
 def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec:
@@ -117,9 +116,9 @@ def build(preset: str, overrides: Mapping[str, object], name: str) -> TargetSpec
         raise TargetError(f"unknown target key(s) {', '.join(unknown)}; keys: {', '.join(KEYS)}")
     fields = {k: _field(k, v) for k, v in overrides.items()}
     spec = dataclasses.replace(PRESETS[preset], name=name, **fields)  # type: ignore[arg-type]
-    if spec.invariant and spec.device == "cuda":  # the invariant kernels, unless the keys name others
-        kept = {k: v for k, v in INVARIANT_CUDA.items() if k not in overrides}
-        spec = dataclasses.replace(spec, **kept)  # type: ignore[arg-type]
+    if spec.invariant:  # "auto": what batch invariance runs on the device (oracle.target names it), unless named
+        picked = {k: "auto" for k in INVARIANT_KEYS if k not in overrides}
+        spec = dataclasses.replace(spec, **picked)  # type: ignore[arg-type]
     return spec
 
 

@@ -389,27 +389,26 @@ def test_end_to_end_a_plugin_that_ends_the_process_on_import_is_exit_2(
     assert not (tmp_path / "o").exists()
 
 
-def test_the_pytest_plugin_reports_a_plugin_that_ends_the_process_as_a_usage_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("raise KeyboardInterrupt\n", "plugin 'plugin_ends' could not be imported: KeyboardInterrupt"),
+        ("import os\nos._exit(0)\n", "ended the process with exit status 0"),
+    ],
+    ids=["KeyboardInterrupt", "os._exit(0)"],
+)
+def test_the_pytest_plugin_reports_a_plugin_that_ends_the_process_as_a_usage_error(
+    tmp_path: Path, source: str, message: str
+) -> None:
     # Without the probe, os._exit(0) in the plugin would end the session with status 0: a pass with no tests run.
-    _plugin(tmp_path, "plugin_ends", "import os\nos._exit(0)\n")
+    _plugin(tmp_path, "plugin_ends", source)
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "--plugin", "plugin_ends"]
     proc = subprocess.run(
         [*cmd, "tests/test_bad_cli.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
     )
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
-    assert "ended the process with exit status 0" in proc.stderr, proc.stderr
-
-
-def test_the_pytest_plugin_reports_a_plugin_interrupt_as_a_usage_error(tmp_path: Path) -> None:
-    _plugin(tmp_path, "plugin_interrupts", "raise KeyboardInterrupt\n")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    cmd = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "--plugin", "plugin_interrupts"]
-    proc = subprocess.run(
-        [*cmd, "tests/test_bad_cli.py"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
-    assert "plugin 'plugin_interrupts' could not be imported: KeyboardInterrupt" in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
 
 
 def _nan_model(tiny: Path, tmp: Path) -> Path:

@@ -114,7 +114,12 @@ ENGINE_CASES: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     (
         "batch_invariant with kernels that are not invariant",
         {"batch_invariant": True, "layer_kernels": "triton_invariant"},
-        ("batch_invariant=True on cpu", "layer_kernels='torch'", "got attention_backend='auto'"),
+        ("batch_invariant=True on cpu", "layer_kernels='torch_invariant'", "got attention_backend='auto'"),
+    ),
+    (
+        "batch_invariant with the reference's kernels",
+        {"batch_invariant": True, "layer_kernels": "torch"},
+        ("batch_invariant=True on cpu", "layer_kernels='torch_invariant'", "got attention_backend='auto'"),
     ),
     ("absent CUDA device", {"device": "cuda:7"}, ("cuda:7",)),
 ]

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.config import INVARIANT_BACKENDS
 from engine.driver import StaticDriver
 from engine.errors import ConfigError
-from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels, TorchKernels
+from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, InvariantKernels, LayerKernels, TorchKernels
 from engine.registry import Registry, Where
 from engine.step.kernels import STEP_KERNELS, TorchStepKernels
 from oracle.zoo import tiny_model_dir
@@ -31,7 +32,7 @@ def test_auto_is_torch_on_cpu(registry: Registry[Any]) -> None:
 
 @REGISTRIES
 @pytest.mark.parametrize(
-    ("name", "message"), [("triton", "needs a CUDA device"), ("cutlass", "unknown; known: auto, torch, triton")]
+    ("name", "message"), [("triton", "needs a CUDA device"), ("cutlass", "unknown; known: auto, torch")]
 )
 def test_bad_names_are_config_errors(registry: Registry[Any], name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -85,8 +86,9 @@ class CountingStepKernels(TorchStepKernels):
         return super().slot_check(*args, **kwargs)
 
 
-def _engine(model: Path) -> Engine:
-    return Engine(EngineConfig(str(model), device="cpu", max_running_req=2, num_page_override=64), sampler_seed=0)
+def _engine(model: Path, **fields: Any) -> Engine:
+    config = EngineConfig(str(model), device="cpu", max_running_req=2, num_page_override=64, **fields)
+    return Engine(config, sampler_seed=0)
 
 
 def _generate(engine: Engine) -> list[int]:
@@ -126,3 +128,22 @@ def test_the_interface_is_abstract() -> None:
     with pytest.raises(TypeError, match="abstract"):
         LayerKernels()  # type: ignore[abstract]
     assert isinstance(TORCH_KERNELS, TorchKernels) and LAYER_KERNELS.factory("torch")() is TORCH_KERNELS
+
+
+def test_batch_invariant_takes_its_layer_kernels_from_the_registry(tmp_path: Path) -> None:
+    """On CPU batch_invariant names 'torch_invariant' (INVARIANT_BACKENDS), which the engine builds through
+    LAYER_KERNELS like any other name; naming it without batch_invariant is allowed, as 'triton_invariant' is."""
+    assert INVARIANT_BACKENDS["cpu"][1] == "torch_invariant"
+    assert isinstance(LAYER_KERNELS.factory("torch_invariant")(), InvariantKernels)
+    model = tiny_model_dir("qwen3", tmp_path)
+    named = _engine(model, layer_kernels="torch_invariant")
+    assert isinstance(named.ctx.kernels, InvariantKernels) and not named.config.batch_invariant
+    named.shutdown()
+    registered, original = CountingKernels(), LAYER_KERNELS.factory("torch_invariant")
+    LAYER_KERNELS.register("torch_invariant", lambda: registered, replace=True)
+    try:
+        engine = _engine(model, batch_invariant=True)
+    finally:
+        LAYER_KERNELS.register("torch_invariant", original, replace=True)
+    assert engine.ctx.kernels is registered
+    engine.shutdown()

@@ -12,6 +12,8 @@ import torch
 
 from engine import ATTENTION_BACKENDS, ConfigError, Engine, Registry, Requires, Where
 from engine.attention import TorchAttnBackend
+from engine.config import INVARIANT_BACKENDS
+from oracle.ops.bench import Bench
 from oracle.plugins import PLUGINS_ENV, PluginError, load_plugins, plugin_names
 from oracle.target import PRESETS, TARGET_ENV, TargetError, from_env, parse
 
@@ -40,11 +42,16 @@ def test_overrides_and_toml_files(tmp_path: Path) -> None:
     assert parse("dtype=bfloat16").device == "cpu"  # no preset: overrides of the default
     invariant = parse("cpu-fp32,invariant=on")
     assert invariant.invariant is True and invariant.describe()["invariant"] is True
+    assert (invariant.describe()["attention"], invariant.describe()["kernels"]) == ("torch", "torch_invariant")
     assert parse("cpu-fp32").invariant is False
-    # On CUDA invariant=on names the invariant attention and kernels itself, unless the keys name others.
-    cuda = parse("cuda-bf16,invariant=on")
-    assert (cuda.attention, cuda.kernels, cuda.graphs) == ("triton_invariant", "triton_invariant", True)
+    # invariant=on names the device's invariant attention and kernels itself, unless the keys name others.
+    for preset in PRESETS.values():
+        on = parse(f"{preset.name},invariant=on")
+        assert (on.attention, on.kernels) == INVARIANT_BACKENDS[preset.device]
+        assert (on.graphs, on.sampler) == (preset.graphs, preset.sampler)
+    assert parse("cuda-bf16,invariant=on").kernels == "triton_invariant"
     assert parse("cuda-bf16,invariant=on,attention=flashinfer").attention == "flashinfer"
+    assert parse("cpu-fp32,invariant=on,kernels=auto").kernels == "torch_invariant"  # as EngineConfig's "auto"
     assert parse("cuda-bf16").attention == "flashinfer"
     path = tmp_path / "mine.toml"
     path.write_text('preset = "cpu-fp32"\nattention = "example"\npage_sizes = [2, 8]\ngraphs = false\n')
@@ -115,11 +122,19 @@ def test_a_target_that_cannot_run_here_says_why() -> None:
         parse("cpu-fp32,attention=mine").require()
     with pytest.raises(TargetError, match="graphs=on: CUDA graphs need device=cuda"):
         parse("cpu-fp32,graphs=on").require()
-    with pytest.raises(TargetError, match="invariant=on: batch invariance runs on cpu with attention=torch"):
-        parse("cpu-fp32,invariant=on,kernels=triton").require()
+    with pytest.raises(TargetError, match="invariant=on: batch invariance runs on cpu with attention=torch and "
+                       "kernels=torch_invariant"):
+        parse("cpu-fp32,invariant=on,kernels=torch").require()
+    assert parse("cpu-fp32,invariant=on").require().kernels == "torch_invariant"
     if not torch.cuda.is_available():
         with pytest.raises(TargetError, match="device=cuda: no CUDA device is available here"):
             parse("cuda-bf16").require()
+
+
+def test_the_op_harness_runs_and_files_the_invariant_kernels_of_an_invariant_target() -> None:
+    bench = Bench(parse("cpu-fp32,invariant=on"))
+    bench.run_kernel("linear", "linear", torch.randn(3, 8), torch.randn(4, 8))
+    assert bench.kernels_name == "torch_invariant" and bench.ledger.counts["linear"] == {"kernels=torch_invariant": 1}
 
 
 def test_the_environment_gives_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,7 +155,8 @@ def test_engine_config_carries_every_choice(tiny_models: dict[str, Path]) -> Non
     )
     assert (config.sampler_backend, config.cuda_graph_bs, config.page_size) == ("torch", [], 4)
     assert parse("cuda-bf16").engine_config(tiny_models["qwen3"]).cuda_graph_bs is None  # graphs: the default set
-    assert parse("cpu-fp32,invariant=on").engine_config(tiny_models["qwen3"]).batch_invariant is True
+    invariant = parse("cpu-fp32,invariant=on").engine_config(tiny_models["qwen3"])
+    assert invariant.batch_invariant is True and invariant.layer_kernels == "torch_invariant"
 
 
 def test_registry_rules() -> None:

@@ -1,8 +1,9 @@
 """The decoder layers' elementwise ops (RMSNorm, add + RMSNorm, q/k norm + RoPE, SiLU-and-mul, KV store, and q/k
 norm + RoPE + KV store in one) behind LayerKernels, picked by name and reaching the layers as ``ctx.kernels``: 'torch'
 runs HF's op sequence (the reference), 'triton' (CUDA) fuses each into one launch with HF's rounding steps, plus a
-small-batch GEMV that can take the norm in front of it; 'triton_invariant' (CUDA, EngineConfig.batch_invariant) takes
-every product in the one tile configuration and split-K of its weight's shape.
+small-batch GEMV that can take the norm in front of it; for EngineConfig.batch_invariant, 'torch_invariant' runs every
+product of the reference in fixed row blocks and 'triton_invariant' (CUDA) in the one tile configuration and split-K of
+its weight's shape.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class InvariantKernels(TorchKernels):
     """The torch reference with batch-invariant products (EngineConfig.batch_invariant): every product runs in fixed
     row blocks, so a token's logits cannot depend on the other tokens in the batch; norms and SiLU reduce per row."""
 
-    name = "torch-invariant"
+    name = "torch_invariant"
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
@@ -271,6 +272,7 @@ class TritonInvariantKernels(TritonKernels):
 LAYER_KERNELS: Registry[Callable[[], LayerKernels]] = Registry("layer_kernels", preferred=("triton",))
 """Layer kernel implementations by name (EngineConfig.layer_kernels); a factory returns a LayerKernels."""
 LAYER_KERNELS.register("torch", lambda: TORCH_KERNELS)
+LAYER_KERNELS.register("torch_invariant", InvariantKernels)
 TRITON_REQUIRES = Requires(
     devices=("cuda",), dtypes=(torch.float32, torch.bfloat16, torch.float16),
     head_dim=HeadDim("its RoPE kernel", 2), package="triton",

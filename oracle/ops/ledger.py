@@ -53,6 +53,7 @@ BUILTIN_HOMES = (
     Home(label("kernels", "triton"), "engine.attention.page_ids", launches=True),
     Home(label("kernels", "triton_invariant"), "engine.layers.triton_kernels", launches=True),
     Home(label("kernels", "triton_invariant"), "engine.layers.triton_matmul", launches=True),
+    Home(label("kernels", "torch_invariant"), "engine.layers.kernels", ("InvariantKernels.", "blocked_linear")),
     Home(label("kernels", REFERENCE), "engine.layers.kernels",
          ("TorchKernels.", "LayerKernels.", "rms_norm_reference")),
     Home(label("kernels", REFERENCE), "engine.layers.activation"),
