@@ -17,6 +17,7 @@ from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
+from .sample_rows import RowPasses, row_passes_for
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
@@ -64,6 +65,7 @@ class BaseSampler(ABC):
         self.generator = torch.Generator(device=device)
         self._graph_params = sample_graph.StaticParams(device, vocab_size)
         self._seeded_noise = seeded_noise_for(device)
+        self._row_passes = row_passes_for(device)
         if seed is None:
             self.generator.seed()
         else:
@@ -327,14 +329,14 @@ class Sampler(BaseSampler):
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            scores = _top_k_top_p(scores, args.top_k, args.top_p)
+            scores = _top_k_top_p(scores, args.top_k, args.top_p, self._row_passes)
         elif args.top_k is not None:
             scores = _top_k(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
-            probs = scores.softmax(dim=-1)
+            probs = self._row_passes.softmax(scores)
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
             scores = scores.masked_fill(probs < threshold, float("-inf"))
-        return scores.softmax(dim=-1)
+        return self._row_passes.softmax(scores)
 
 
 def _top_k(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
@@ -344,17 +346,16 @@ def _top_k(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tenso
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
-def _top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> torch.Tensor:
+def _top_k_top_p(
+    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses
+) -> torch.Tensor:
     """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
-    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into."""
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a
+    prefix of that order, so the kept tokens are those at or after its first kept (score, index)."""
     values, order = scores.sort(dim=-1, stable=True)
-    if top_k is not None:
-        kth = values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1))
-        values = values.masked_fill(values < kth, float("-inf"))
-    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-    cut = (1.0 - top_p).float().unsqueeze(1)
-    values[:, :-1].masked_fill_(cumulative[:, :-1] <= cut, float("-inf"))  # the top token always stays
-    return torch.empty_like(scores).scatter_(1, order, values)
+    kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
+    first = rows.top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
+    return rows.keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
