@@ -282,12 +282,15 @@ class Sampler(BaseSampler):
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if not self.draws_with_flashinfer(args):
             return super().row_distributions(logits, args)
-        return with_greedy_rows(logits, args, self.flashinfer_probs(_tempered_softmax(logits, args), args))
+        return with_greedy_rows(logits, args, self.flashinfer_probs(self._tempered_softmax(logits, args), args))
 
     def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if not self.draws_with_flashinfer(args):
             return super().draw(logits, args)
-        return self.flashinfer_draw(_tempered_softmax(logits, args), args)
+        return self.flashinfer_draw(self._tempered_softmax(logits, args), args)
+
+    def _tempered_softmax(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        return self._row_passes.softmax(logits / args.temperature.unsqueeze(1))
 
     def _flashinfer_filters(
         self, probs: torch.Tensor, args: BatchSamplingArgs
@@ -378,10 +381,6 @@ def _stand_in(logits: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
     one_hot = torch.full_like(logits[:1], float("-inf"))
     one_hot[:, 0].fill_(0.0)  # a fill, not an item assignment: that would copy from the host and wait
     return torch.where(finite.unsqueeze(1), logits, one_hot)
-
-
-def _tempered_softmax(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-    return (logits / args.temperature.unsqueeze(1)).softmax(dim=-1)
 
 
 class SamplerFactory(Protocol):
