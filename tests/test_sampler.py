@@ -79,6 +79,18 @@ def test_min_p_drops_tokens_below_the_scaled_max() -> None:
     assert check_filtered_distribution(probs, ref) is None
 
 
+def test_min_p_threshold_scales_the_max_of_the_tempered_distribution() -> None:
+    """T 0.5 squares the probabilities [0.5, 0.3, 0.12, ...]: tempered [0.70, 0.25, 0.040, ...], min-p 0.07 cuts at
+    0.049 and drops token 2; a threshold from the raw max (0.035) would keep it."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.05, 0.02, 0.01]]))
+    params = SamplingParams(temperature=0.5, min_p=0.07)
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    probs = sampler.filtered_probs(logits, sampler.prepare(_batch([params])))[0]
+    ref = reference_distribution(logits[0], params)
+    assert ref.support.tolist() == [True, True, False, False, False, False]
+    assert check_filtered_distribution(probs, ref) is None
+
+
 def test_top_k_keeps_every_token_tied_with_the_kth() -> None:
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
     sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
