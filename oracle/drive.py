@@ -148,12 +148,12 @@ def add_long_request(
     split: bool = False,
     min_chunks: int = 1,
 ) -> tuple[list[RequestSpec], int]:
-    """In a minority of examples (about 40% under `ci`), one long request (strategies.long_requests, prompt <=
-    LONG_PROMPT_LEN) at a drawn place in the batch; returns the batch and the max_seq_len its engine needs
-    (LONG_SEQ_LEN or MAX_SEQ_LEN)."""
-    # booleans, not sampled_from((False, False, True)): Hypothesis favours a list's first element, so the share of
-    # long examples swung from 4% to 30% between properties; a boolean lands near 40% in each.
-    if not data.draw(st.booleans(), label="long"):
+    """In about half the examples under `ci`, one long request (strategies.long_requests, prompt <= LONG_PROMPT_LEN)
+    at a drawn place in the batch; returns the batch and the max_seq_len its engine needs (LONG_SEQ_LEN or
+    MAX_SEQ_LEN)."""
+    # Two of five small integers, not a boolean: under `ci` a boolean gave 11 long examples of 75 at cuda-bf16 (the
+    # 15% floor missed); this gives 27-62% on cpu-fp32, cpu-bf16 and cuda-bf16's page sizes in each caller.
+    if data.draw(st.integers(0, 4), label="long") >= 2:
         return list(specs), MAX_SEQ_LEN
     long = long_requests(TINY_VOCAB, LONG_PROMPT_LEN, page_size, params, split, min_chunks)
     spec = data.draw(long, label="long_request")
