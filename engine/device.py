@@ -79,6 +79,11 @@ def flashinfer_installed() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
+def triton_kernels_run_on(device: torch.device) -> bool:
+    """Whether the sampler's Triton kernels serve `device`: CUDA, with triton installed."""
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
 def resolve_device(name: str, tp_rank: int = 0) -> torch.device:
     """'auto' → cuda:<rank> when a GPU is present, else cpu. Explicit names are checked."""
     if name == "auto":

@@ -4,10 +4,11 @@ row, which reads the seeds on the host."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 import torch
+
+from .device import triton_kernels_run_on
 
 NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (noise, rows, seeds): fill those rows
 
@@ -19,7 +20,7 @@ def generator_noise_(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tenso
 
 
 def seeded_noise_for(device: torch.device) -> NoiseFn:
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+    if triton_kernels_run_on(device):
         from .sample_triton import seeded_noise_
 
         return seeded_noise_

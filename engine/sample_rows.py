@@ -4,11 +4,12 @@ keep many programs busy on a single row."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .device import triton_kernels_run_on
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,7 @@ TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from)
 
 
 def row_passes_for(device: torch.device) -> RowPasses:
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+    if triton_kernels_run_on(device):
         from . import sample_rows_triton as kernels
 
         return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from)
