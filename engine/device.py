@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import array
 import importlib.util
 import itertools
 import os
 import threading
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -68,6 +70,16 @@ class Device:
             free, _total = torch.cuda.mem_get_info(self.torch_device)
             return int(free)
         return available_host_memory()
+
+
+_TYPECODES = {torch.int64: "q", torch.int32: "i", torch.float64: "d", torch.float32: "f", torch.bool: "B"}
+
+
+def host_tensor(values: Sequence[int | float | bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A 1-D host tensor of `values` built through array.array: torch.tensor on a list costs ~10x more per step."""
+    if not values:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from .core import SamplingParams
-from .device import upload
+from .device import host_tensor, upload
 
 # Widest dtype first, so every segment starts aligned to its element size.
 _DTYPES = (torch.int64, torch.float64, torch.int64, torch.float32, torch.float32, torch.bool)
@@ -39,7 +39,7 @@ def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad:
         [p.min_p for p in params] + [0.0] * pad,
         [p.is_greedy for p in params] + [True] * pad,
     )
-    return torch.cat([torch.tensor(column, dtype=dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])
+    return torch.cat([host_tensor(column, dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])
 
 
 def upload_block(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..core import Batch, Context, Req
-from ..device import upload
+from ..device import host_tensor, upload
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
@@ -35,10 +35,10 @@ def build_paged_kv_index(reqs: Sequence[Req], page_size: int) -> PagedKVIndex:
     kv_lens = [r.device_len for r in reqs]
     pages = [-(-n // page_size) for n in kv_lens]
     return PagedKVIndex(
-        torch.tensor(list(accumulate((r.device_len - r.cached_len for r in reqs), initial=0)), dtype=torch.int32),
-        torch.tensor(list(accumulate(pages, initial=0)), dtype=torch.int32),
-        torch.tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages)], dtype=torch.int32),
-        torch.tensor(pages, dtype=torch.int64),
+        host_tensor(list(accumulate((r.device_len - r.cached_len for r in reqs), initial=0)), torch.int32),
+        host_tensor(list(accumulate(pages, initial=0)), torch.int32),
+        host_tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages)], torch.int32),
+        host_tensor(pages),
     )
 
 

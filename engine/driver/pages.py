@@ -14,7 +14,7 @@ import torch
 
 from ..checks import checked_int
 from ..core import Req
-from ..device import upload
+from ..device import host_tensor, upload
 from ..engine import Engine
 from ..errors import CapacityError, ConfigError
 
@@ -184,5 +184,5 @@ class Pages:
                 flat.append(row * width + start + offset)
                 slots.append(page * ps + offset)
         with self.engine.device.stream_context():  # ordered after the passes in flight that read the table
-            packed = upload(torch.tensor([flat, slots], dtype=torch.int64), table.device)
-            table.view(-1)[packed[0]] = packed[1].to(torch.int32)
+            packed = upload(host_tensor(flat + slots), table.device)
+            table.view(-1)[packed[: len(flat)]] = packed[len(flat) :].to(torch.int32)

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from ..core import Req
+from ..device import host_tensor
 from ..validate import Limits, check_token_ids
 from .kernels import StepKernels
 from .layout import BLOCKS, InputLayout
@@ -76,8 +77,8 @@ def pack_inputs(
         kind = "all" if all(pending) else "some" if any(pending) else "none"
         max_len, max_other_len = max(device_lens), max(other_lens, default=0)
     mask = [int(pending[i]) for i in token_req] if kind == "some" else []
-    host = torch.tensor(rows + cached + device_lens + starts + others + other_lens + token_req + positions + flat
-                        + mask)  # after check_token_ids: an id past int64 would fail here
+    host = host_tensor(rows + cached + device_lens + starts + others + other_lens + token_req + positions + flat
+                       + mask)  # after check_token_ids: an id past int64 would fail here
     layout = InputLayout(n, len(token_req), len(others), max_len, max_other_len, kind, decode, pad_to is not None)
     return host, layout
 
