@@ -71,38 +71,41 @@ def check_ends(reqs: Sequence[Req], ends: object) -> list[int]:
 
 
 def _validate_req(req: Req, phase: Phase, limits: Limits) -> None:
-    if type(req.token_ids) is not list:
+    token_ids = req.token_ids
+    if type(token_ids) is not list:
         raise InvalidRequestError(
-            f"request {req.uid}: token_ids must be the list of ints Req builds, got {type(req.token_ids).__name__}"
+            f"request {req.uid}: token_ids must be the list of ints Req builds, got {type(token_ids).__name__}"
         )
-    num_tokens = req.num_tokens
-    if num_tokens == 0:
+    if not token_ids:
         raise InvalidRequestError(f"request {req.uid}: the prompt is empty; give at least one token")
     if not isinstance(req.sampling_params, SamplingParams):
         raise InvalidRequestError(
             f"request {req.uid}: sampling_params must be a SamplingParams, got {type(req.sampling_params).__name__}"
         )
+    table_idx, cached_len, device_len = req.table_idx, req.cached_len, req.device_len
+    if type(table_idx) is not int or type(cached_len) is not int or type(device_len) is not int:
+        table_idx, cached_len, device_len = _python_ints(req)
+    max_rows = limits.max_rows
+    if not (0 <= table_idx < max_rows):
+        raise InvalidRequestError(f"request {req.uid}: table_idx={table_idx} is out of range [0, {max_rows})")
+    if not (0 <= cached_len < device_len):
+        raise InvalidRequestError(f"request {req.uid}: cached_len={cached_len} must be in [0, device_len={device_len})")
+    if device_len > limits.max_seq_len:
+        raise InvalidRequestError(f"request {req.uid}: {device_len} tokens exceed max_seq_len={limits.max_seq_len}")
+    if phase == "decode" and device_len - cached_len != 1:
+        raise InvalidRequestError(
+            f"request {req.uid}: a decode step computes one token, but extend_len={req.extend_len}"
+        )
+
+
+def _python_ints(req: Req) -> tuple[int, int, int]:
     for name in ("table_idx", "cached_len", "device_len"):
         value = getattr(req, name)
         if type(value) is not int:
             if not is_int(value):
                 raise InvalidRequestError(f"request {req.uid}: {name}={value!r} is not an int")
             setattr(req, name, int(value))  # a NumPy int would leak NumPy bools into the kernels
-    max_rows = limits.max_rows
-    if not (0 <= req.table_idx < max_rows):
-        raise InvalidRequestError(f"request {req.uid}: table_idx={req.table_idx} is out of range [0, {max_rows})")
-    if not (0 <= req.cached_len < req.device_len):
-        raise InvalidRequestError(
-            f"request {req.uid}: cached_len={req.cached_len} must be in [0, device_len={req.device_len})"
-        )
-    if req.device_len > limits.max_seq_len:
-        raise InvalidRequestError(
-            f"request {req.uid}: {req.device_len} tokens exceed max_seq_len={limits.max_seq_len}"
-        )
-    if phase == "decode" and req.device_len - req.cached_len != 1:
-        raise InvalidRequestError(
-            f"request {req.uid}: a decode step computes one token, but extend_len={req.extend_len}"
-        )
+    return req.table_idx, req.cached_len, req.device_len
 
 
 def check_token_ids(reqs: Sequence[Req], parts: Sequence[list[int]], lo: int, hi: int, vocab: int) -> None:

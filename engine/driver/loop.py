@@ -176,10 +176,11 @@ class Loop:
 
     def marks(self, seqs: list[RequestState]) -> _Marks:
         allocator, requests = self.pages.allocator, self.requests
+        # hand_out replaces a request's page list (finish) but never changes one, so each list is kept, not copied.
         return _Marks(
             len(allocator.free), allocator.reserved, len(requests.free_rows), dict(requests.running),
             len(requests.finished),
-            [(seq, len(seq.output_ids), len(seq.logits), len(seq.req.token_ids), list(seq.pages), seq.finished,
+            [(seq, len(seq.output_ids), len(seq.logits), len(seq.req.token_ids), seq.pages, seq.finished,
               seq.finish_reason, seq.error) for seq in seqs],
         )
 
