@@ -116,10 +116,12 @@ class PageAllocator:
     def peek(self, n: int) -> list[int]:
         return list(itertools.islice(self.free, n))
 
-    def take(self) -> int:
-        assert self.reserved > 0, "take() without a reservation"
-        self.reserved -= 1
-        return self.free.popleft()
+    def take(self, n: int) -> list[int]:
+        """The first n free pages, out of the reservation."""
+        assert self.reserved >= n, "take() past the reservation"
+        self.reserved -= n
+        free = self.free
+        return [free.popleft() for _ in range(n)]
 
     def untake(self, page: int) -> None:
         """Undo the last take() of `page`."""
@@ -141,30 +143,29 @@ class Pages:
 
     def grants(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
         """The request of each page needed for slots [0, upto), in the order taken."""
+        return [seqs[i] for i in self._grant_order(seqs, upto)]
+
+    def _grant_order(self, seqs: Sequence[H], upto: Sequence[int]) -> list[int]:
         need = [max(0, -(-n // self.page_size) - len(seq.pages)) for seq, n in zip(seqs, upto)]
         order = self.order.grants(need)
         if sorted(order) != [i for i, k in enumerate(need) for _ in range(k)]:
             raise ConfigError(f"{type(self.order).__name__}.grants({list(need)}) must name request i need[i] times")
-        return [seqs[i] for i in order]
+        return order
 
     def map(self, seqs: Sequence[H], upto: Sequence[int]) -> list[H]:
         """All or nothing: rows written first (nothing reads past a request's pages), then pages taken; returns
         one entry per page granted (for unmap)."""
-        grants = self.grants(seqs, upto)
-        if not grants:
-            return grants
-        pages = self.allocator.peek(len(grants))
-        added: dict[int, int] = {}
-        writes = []
-        for seq, page in zip(grants, pages):
-            index = len(seq.pages) + added.get(id(seq), 0)
-            added[id(seq)] = added.get(id(seq), 0) + 1
-            writes.append((seq.req.table_idx, index * self.page_size, page))
-        self.write(writes)
-        for seq, page in zip(grants, pages):
-            self.allocator.take()
-            seq.pages.append(page)
-        return grants
+        order = self._grant_order(seqs, upto)
+        if not order:
+            return []
+        taken: list[list[int]] = [[] for _ in seqs]
+        for i, page in zip(order, self.allocator.peek(len(order))):
+            taken[i].append(page)
+        self.write([(seq.req.table_idx, len(seq.pages) * self.page_size, got) for seq, got in zip(seqs, taken) if got])
+        self.allocator.take(len(order))
+        for seq, got in zip(seqs, taken):
+            seq.pages.extend(got)
+        return [seqs[i] for i in order]
 
     def unmap(self, grants: Sequence[Holder]) -> None:
         """Give back what map() granted, last first."""
@@ -175,14 +176,16 @@ class Pages:
         self.allocator.release(seq.pages, seq.reserved_pages - len(seq.pages))
         seq.pages = []
 
-    def write(self, writes: list[tuple[int, int, int]]) -> None:
+    def write(self, writes: list[tuple[int, int, list[int]]]) -> None:
+        """(row, first position, pages): the pages hold the row's consecutive positions from the first on."""
         table = self.engine.page_table
         width, ps = table.shape[1], self.page_size
-        flat, slots = [], []
-        for row, start, page in writes:
-            for offset in range(min(ps, width - start)):
-                flat.append(row * width + start + offset)
-                slots.append(page * ps + offset)
+        flat: list[int] = []
+        slots: list[int] = []
+        for row, start, pages in writes:
+            n = max(0, min(len(pages) * ps, width - start))
+            flat.extend(range(row * width + start, row * width + start + n))
+            slots.extend(pages[:n] if ps == 1 else [page * ps + offset for page in pages for offset in range(ps)][:n])
         with self.engine.device.stream_context():  # ordered after the passes in flight that read the table
             packed = upload(host_tensor(flat + slots), table.device)
             table.view(-1)[packed[: len(flat)]] = packed[len(flat) :].to(torch.int32)

@@ -25,8 +25,8 @@ def _map_pages_committing_first(self: Pages, seqs: list[RequestState], upto: lis
     grants = self.grants(seqs, upto)
     writes = []
     for seq in grants:  # bug: each page is taken and appended before the page table is written
-        page = self.allocator.take()
-        writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, page))
+        (page,) = self.allocator.take(1)
+        writes.append((seq.req.table_idx, len(seq.pages) * self.page_size, [page]))
         seq.pages.append(page)
     if writes:
         self.write(writes)
