@@ -75,7 +75,7 @@ class Device:
 _TYPECODES = {torch.int64: "q", torch.int32: "i", torch.float64: "d", torch.float32: "f", torch.bool: "B"}
 
 
-def host_tensor(values: Sequence[int | float | bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def host_tensor(values: Sequence[float], dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """A 1-D host tensor of `values` built through array.array: torch.tensor on a list costs ~10x more per step."""
     if not values:
         return torch.empty(0, dtype=dtype)

@@ -31,7 +31,7 @@ class Rows(NamedTuple):
 
 def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int) -> torch.Tensor:
     """uint8 [ROW_BYTES * (len(params) + pad)] on the host; the pad rows are greedy with every filter off."""
-    columns = (
+    columns: tuple[Sequence[float], ...] = (
         [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
         [p.top_p for p in params] + [1.0] * pad,
         [seed or 0 for seed in row_seeds] + [0] * pad,

@@ -10,8 +10,10 @@ import torch
 import torch.multiprocessing as mp
 
 from engine import Batch, CapacityError, ConfigError, Engine, EngineConfig, SamplingParams
+from engine.core import Req
+from engine.device import host_tensor
 from engine.distributed import TorchDistComm
-from engine.driver import Contiguous, PageLayout, StaticDriver
+from engine.driver import Contiguous, PageLayout, Pages, RequestState, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 from engine.layers.kernels import TORCH_KERNELS
 from engine.layers.rotary import RotaryEmbedding
@@ -144,6 +146,40 @@ def test_a_broken_page_order_is_refused_before_it_maps_a_page(tiny_models: dict[
         driver = StaticDriver(engine, order)
         driver.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.shutdown()
+
+
+@pytest.mark.parametrize("page_size", [1, 3])
+@pytest.mark.parametrize("kind", ["contiguous", "interleaved", "shuffled"])
+def test_map_writes_each_request_its_pages_slots_in_order(tiny_models: dict[str, Path], page_size: int,
+                                                           kind: str) -> None:
+    """Pages.map, in two rounds under each page order: every request's row holds its pages' slots, position after
+    position, a page cut short at the row's end; nothing else in the table changes."""
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=page_size, num_page_override=64,
+                                 max_running_req=3, max_seq_len_override=10))
+    pages = Pages(engine, PageLayout(kind, seed=7).order())
+    seqs = [RequestState(Req([1] * 4, row, 0, 1, row, SamplingParams()), 4, reserved_pages=10) for row in range(3)]
+    pages.allocator.reserve(30)
+    before = engine.page_table.clone()
+    granted = pages.map(seqs, [4, 1, 7]) + pages.map(seqs, [9, 10, 7])
+    assert sorted(p for seq in seqs for p in seq.pages) == sorted(set(p for seq in seqs for p in seq.pages))
+    assert len(granted) == sum(len(seq.pages) for seq in seqs) == 64 - len(pages.allocator.free)
+    expected = before.clone()
+    for seq in seqs:
+        slots = [page * page_size + offset for page in seq.pages for offset in range(page_size)][:10]
+        expected[seq.req.table_idx, : len(slots)] = torch.tensor(slots, dtype=torch.int32)
+    assert torch.equal(engine.page_table, expected)
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float64, torch.float32, torch.bool])
+def test_host_tensor_holds_what_torch_tensor_would(dtype: torch.dtype) -> None:
+    values = [True, False, True] if dtype == torch.bool else [0, 3, -2, 7] if not dtype.is_floating_point else [
+        0.5, 1.0 / 3.0, -2.0, 1e-30]
+    assert torch.equal(host_tensor(values, dtype), torch.tensor(values, dtype=dtype))
+    assert host_tensor([], dtype).dtype == dtype and host_tensor([], dtype).numel() == 0
+    if dtype == torch.int64:
+        with pytest.raises(OverflowError):
+            host_tensor([2**63])
 
 
 # ---- memory planning: pages = (ratio × free − model) // bytes_per_page ------------------------------------------
