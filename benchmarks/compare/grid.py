@@ -141,8 +141,9 @@ def run_grid(
             for a, ref in checks:
                 if a in outputs and ref in outputs:
                     agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
+            mean_context = plan.prompt_len + plan.new_tokens // 2  # the rows' steps average this context, not the prompt
             for (name, on), mode in product(profiled, b_modes):
-                profiles.append(profile_row(engine, b, plan.prompt_len, mode, on, labelled(name, mode)))
+                profiles.append(profile_row(engine, b, mean_context, mode, on, labelled(name, mode)))
                 p = profiles[-1]
                 log(f"B={b} profile {p['method']}: {p['kernels_per_step']} kernels/step, "
                     f"summed kernel time {p['device_ms_per_step']} ms, graph {p['graph_ms_per_step']} ms, "
