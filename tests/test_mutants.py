@@ -67,7 +67,8 @@ PATCHED: tuple[type | ModuleType, ...] = (
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
-    "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block"
+    "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
+    "top_p_chunk_carry_dropped",
 }
 
 
@@ -77,10 +78,11 @@ def _patched() -> tuple[type | ModuleType, ...]:
         return PATCHED
     import engine.layers.triton_gemv as triton_gemv
     import engine.layers.triton_kernels as triton_kernels
+    import engine.sample_rows_triton as sample_rows_triton
     import engine.sample_triton as sample_triton
     import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels, triton_gemv, step_triton, sample_triton)
+    return (*PATCHED, triton_kernels, triton_gemv, step_triton, sample_triton, sample_rows_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:
@@ -120,10 +122,10 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
     assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_lengths_frozen" not in flashinfer
     assert "triton_decode_lengths_frozen" in triton and "flashinfer_last_page_len_modulo" not in triton
-    # Every CUDA target copies its host tokens and draws seeded noise with Triton; nothing else of the CUDA mutants
-    # runs on the torch one.
+    # Every CUDA target copies its host tokens, draws seeded noise and runs the sampler's row passes with Triton;
+    # nothing else of the CUDA mutants runs on the torch one.
     assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == [
-        "seeded_noise_by_row", "host_copy_unwaited"
+        "seeded_noise_by_row", "top_p_chunk_carry_dropped", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     invariant = ["linear_rows_by_count", "attention_decode_padded", "norm_reduction_by_block_count"]  # its own code

@@ -141,7 +141,7 @@ def run_grid(
             for a, ref in checks:
                 if a in outputs and ref in outputs:
                     agreement.setdefault(f"{a} = {ref}", {})[b] = same_tokens(outputs[a], outputs[ref])
-            mean_context = plan.prompt_len + plan.new_tokens // 2  # the rows' steps average this context, not the prompt
+            mean_context = plan.prompt_len + plan.new_tokens // 2  # what the rows' steps average, not the prompt
             for (name, on), mode in product(profiled, b_modes):
                 profiles.append(profile_row(engine, b, mean_context, mode, on, labelled(name, mode)))
                 p = profiles[-1]

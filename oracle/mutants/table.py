@@ -235,6 +235,15 @@ MUTANTS: dict[str, Mutant] = {
             sampling.seeded_noise_by_row,
             device="cuda",
         ),
+        Mutant(
+            "top_p_chunk_carry_dropped",
+            "the CUDA row pass that counts top-p's removed tokens restarts each 4096-token chunk's cumulative mass "
+            "at 0: a seeded row whose cut lies past its first chunk keeps too few tokens",
+            "ROCm/aiter#2035 (a top-p kernel's block prefix scan was wrong across blocks), "
+            "flashinfer-ai/flashinfer#225 and #226 (prefix sums in the sampling kernels)",
+            sampling.top_p_chunk_carry_dropped,
+            device="cuda",
+        ),
         # ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----
         Mutant(
             "flashinfer_last_page_len_modulo",

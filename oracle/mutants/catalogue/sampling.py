@@ -134,6 +134,27 @@ def seed_position_lost() -> contextlib.AbstractContextManager[None]:
     return swap(sample, "step_seed", _step_seed_without_position)
 
 
+def _top_p_removed_chunk_carry_dropped(
+    values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor
+) -> torch.Tensor:
+    """The chunked top-p count with each chunk's cumulative mass starting from 0: the mass of the chunks before it is
+    dropped, so a row whose cut lies past its first chunk removes too many tokens."""
+    from engine import sample_rows_triton
+
+    masked = values if kth is None else values.masked_fill(values < kth.unsqueeze(1), float("-inf"))
+    weights = (masked - masked[:, -1:]).exp()
+    restarted = torch.cat([c.cumsum(dim=1) for c in weights.split(sample_rows_triton.CHUNK, dim=1)], dim=1)
+    removed = restarted / weights.sum(dim=1, keepdim=True) <= cut.unsqueeze(1)
+    removed[:, -1] = False
+    return removed.sum(dim=1)
+
+
+def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
+    from engine import sample_rows_triton
+
+    return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
+
+
 # ---- ties and filter order -------------------------------------------------------------------------------------------
 
 
