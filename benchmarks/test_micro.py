@@ -1,5 +1,5 @@
-"""Micro-benchmarks of each device's target (conftest.py): one decode step, one prefill, the sampler, store_kv, and
-graph replay against eager.
+"""Micro-benchmarks of each device's target (conftest.py): one decode step, one prefill, the sampler, store_kv, the
+driver's host work per decode step, and graph replay against eager.
 
 Every timed callable drains the device before it returns, so a time covers all the work it queued. Each case
 is named by its device, so a saved CPU run and a saved GPU run never compare against each other.
@@ -7,15 +7,21 @@ is named by its device, so a saved CPU run and a saved GPU run never compare aga
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from engine import Batch, Engine
+from engine import Batch, Engine, EngineConfig, SamplingParams
+from engine.core import Req
+from engine.driver import RequestState, StaticDriver
+from engine.driver.loop import DECODE_LOOKAHEAD
 from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import TORCH_KERNELS
+from engine.step.inputs import pack_inputs
+from engine.validate import validate_batch
 from oracle.target import Target
+from oracle.zoo.tiny import tiny_model_dir
 
 from .common import DecodeStep, PrefillStep, graphs, graphs_captured, make_sampler, mixed_batch
 from .conftest import DECODE_BS, DECODE_CONTEXT, PREFILL_LENS, device_params, needs_cuda
@@ -112,6 +118,42 @@ def test_store_kv(benchmark, target_for: TargetFor, device: str, tokens: int) ->
     _warm(device, run)
     benchmark.group = f"store_kv-{device}"
     benchmark.extra_info.update(tokens=tokens)
+    benchmark(run)
+
+
+@pytest.fixture(scope="module")
+def host_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A tiny CPU engine of 256 rows of 1024 tokens: the driver's host work per step does not depend on the model."""
+    path = tiny_model_dir("llama", tmp_path_factory.mktemp("host"))
+    engine = Engine(EngineConfig(str(path), device="cpu", max_running_req=256, max_seq_len_override=1024,
+                                 num_page_override=256 * 1024))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("bs", [64, 256])
+def test_driver_host_work(benchmark, host_engine: Engine, bs: int) -> None:
+    """The host side of a decode step of bs requests 640 tokens long, no device work: the driver's rollback marks and
+    the page grants of its lookahead map (DECODE_LOOKAHEAD pages each, made every that many steps), the batch
+    checks, and the packed inputs of a captured graph's batch."""
+    driver = StaticDriver(host_engine)
+    loop, pages = driver.loop, driver.pages
+    seqs = [RequestState(Req([1] * 640, row, 639, 1, row, SamplingParams()), 640, reserved_pages=1024)
+            for row in range(bs)]
+    pages.allocator.reserve(bs * 1024)
+    pages.map(seqs, [640] * bs)
+    reqs = [seq.req for seq in seqs]
+    limits = host_engine.limits
+
+    def run() -> None:
+        loop.marks(seqs)
+        granted = pages.map(seqs, [640 + DECODE_LOOKAHEAD] * bs)
+        validate_batch(reqs, "decode", limits, host_engine.live_rows)
+        pack_inputs(reqs, limits, host_engine.live_rows, True, pad_to=bs)
+        pages.unmap(granted)
+
+    benchmark.group = "driver-host-work-cpu"
+    benchmark.extra_info.update(bs=bs, context=640)
     benchmark(run)
 
 
