@@ -137,16 +137,15 @@ def seed_position_lost() -> contextlib.AbstractContextManager[None]:
 def _top_p_removed_chunk_carry_dropped(
     values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor
 ) -> torch.Tensor:
-    """The chunked top-p count with each chunk's cumulative mass starting from 0: the mass of the chunks before it is
-    dropped, so a row whose cut lies past its first chunk removes too many tokens."""
+    """engine/sample_rows.top_p_removed with each chunk's cumulative mass starting from 0: the mass of the chunks
+    before it is dropped, so a row whose cut lies past its first chunk removes too many tokens."""
     from engine import sample_rows_triton
 
-    masked = values if kth is None else values.masked_fill(values < kth.unsqueeze(1), float("-inf"))
-    weights = (masked - masked[:, -1:]).exp()
-    restarted = torch.cat([c.cumsum(dim=1) for c in weights.split(sample_rows_triton.CHUNK, dim=1)], dim=1)
-    removed = restarted / weights.sum(dim=1, keepdim=True) <= cut.unsqueeze(1)
-    removed[:, -1] = False
-    return removed.sum(dim=1)
+    if kth is not None:
+        values = values.masked_fill(values < kth.unsqueeze(1), float("-inf"))
+    chunks = values.softmax(dim=-1).split(sample_rows_triton.CHUNK, dim=-1)
+    restarted = torch.cat([chunk.cumsum(dim=-1) for chunk in chunks], dim=-1)
+    return (restarted[:, :-1] <= cut.unsqueeze(1)).sum(dim=-1)
 
 
 def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
