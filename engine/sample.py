@@ -17,7 +17,7 @@ from .device import flashinfer_installed, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
-from .sample_rows import RowPasses, row_passes_for
+from .sample_rows import row_passes_for, top_k_filter, top_k_top_p_filter
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
@@ -141,9 +141,7 @@ class BaseSampler(ABC):
         """int32 [bs]: argmax on greedy rows, a draw on the others, -1 where a row has nothing to sample."""
         top, argmax = logits.max(dim=-1)  # one pass: max(dim) gives the first index of the max, as argmax does
         finite = (top / args.temperature).abs() < float("inf")  # False on NaN too
-        sampled = (draw or self.draw)(_stand_in(logits, finite), args)
-        tokens = torch.where(args.greedy, argmax, sampled)
-        return torch.where(finite, tokens, -1).to(torch.int32)
+        return picked(args.greedy, argmax, (draw or self.draw)(_stand_in(logits, finite), args), finite)
 
     def graph_modes(self) -> tuple[str, ...]:
         """The modes in which graph_draw runs inside a captured decode step: 'seeded' (every sampled row seeded,
@@ -167,7 +165,8 @@ class BaseSampler(ABC):
                                  rows.min_p, [None] * logits.shape[0])
         return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds))
 
-    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn | None:
+        """How graph_draw draws in `mode`: a draw function, or None for the sampler's own _tokens."""
         if mode != "seeded":
             raise NotImplementedError(f"{type(self).__name__} does not draw in graph mode {mode!r}")
         seeded_noise = self._seeded_noise
@@ -276,21 +275,21 @@ class Sampler(BaseSampler):
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         return "draw" if self.draws_with_flashinfer(args) else super()._graph_mode(args)
 
-    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn:
-        return self.draw if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds)
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn | None:
+        return None if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds)
+
+    def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None) -> torch.Tensor:
+        """A FlashInfer draw reads the tempered softmax, whose passes also give the greedy argmax and finite rows."""
+        if draw is not None or not self.draws_with_flashinfer(args):
+            return super()._tokens(logits, args, draw)
+        probs, argmax, finite = self._row_passes.tempered_softmax(logits, args.temperature)
+        return picked(args.greedy, argmax, self.flashinfer_draw(probs, args), finite)
 
     def row_distributions(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if not self.draws_with_flashinfer(args):
             return super().row_distributions(logits, args)
-        return with_greedy_rows(logits, args, self.flashinfer_probs(self._tempered_softmax(logits, args), args))
-
-    def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        if not self.draws_with_flashinfer(args):
-            return super().draw(logits, args)
-        return self.flashinfer_draw(self._tempered_softmax(logits, args), args)
-
-    def _tempered_softmax(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        return self._row_passes.softmax(logits / args.temperature.unsqueeze(1))
+        probs = self._row_passes.tempered_softmax(logits, args.temperature)[0]
+        return with_greedy_rows(logits, args, self.flashinfer_probs(probs, args))
 
     def _flashinfer_filters(
         self, probs: torch.Tensor, args: BatchSamplingArgs
@@ -306,9 +305,7 @@ class Sampler(BaseSampler):
         if args.min_p is not None:
             probs = self._fi.top_k_renorm_probs(probs, top_k)
             top_k = full_k
-            kept = probs * (probs >= args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True))
-            mass = kept.sum(dim=-1)
-            probs = kept / mass.unsqueeze(1)
+            probs, mass = self._row_passes.min_p_renorm(probs, args.min_p, probs.amax(dim=-1))
             top_p = top_p / mass
         return probs, top_k, top_p
 
@@ -332,9 +329,9 @@ class Sampler(BaseSampler):
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            scores = _top_k_top_p(scores, args.top_k, args.top_p, self._row_passes)
+            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
         elif args.top_k is not None:
-            scores = _top_k(scores, args.top_k, args.top_k_max)
+            scores = top_k_filter(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
             probs = self._row_passes.softmax(scores)
             threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
@@ -342,29 +339,15 @@ class Sampler(BaseSampler):
         return self._row_passes.softmax(scores)
 
 
-def _top_k(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
-    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
-    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
-    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
-    return scores.masked_fill(scores < kth, float("-inf"))
-
-
-def _top_k_top_p(
-    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses
-) -> torch.Tensor:
-    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
-    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a
-    prefix of that order, so the kept tokens are those at or after its first kept (score, index)."""
-    values, order = scores.sort(dim=-1, stable=True)
-    kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
-    first = rows.top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
-    return rows.keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
-
-
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """int32 [bs]: each row's first argmax, -1 where amax is not finite; no host sync (captured graphs run it)."""
     bad = ~logits.amax(dim=-1).isfinite()
     return torch.where(bad, -1, logits.argmax(dim=-1)).to(torch.int32)
+
+
+def picked(greedy: torch.Tensor, argmax: torch.Tensor, sampled: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """int32 [bs]: the argmax on greedy rows, the draw on the others, -1 on rows with nothing to sample."""
+    return torch.where(finite, torch.where(greedy, argmax, sampled), -1).to(torch.int32)
 
 
 def no_draws() -> None:

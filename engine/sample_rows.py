@@ -1,6 +1,6 @@
-"""The torch sampler's full-vocabulary row passes, behind one interface: in torch (the reference, HF's op sequence)
-and, on CUDA, the Triton ones of engine/sample_rows_triton.py, which give a row the same bits whatever its batch and
-keep many programs busy on a single row."""
+"""The sampler's full-vocabulary row passes, behind one interface: in torch (the reference, HF's op sequence) and, on
+CUDA, the Triton ones of engine/sample_rows_triton.py, which give a row the same bits whatever its batch and keep many
+programs busy on a single row; and the torch sampler's top-k and top-p filters built on them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,27 @@ from .device import triton_kernels_run_on
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     return x.softmax(dim=-1)
+
+
+def tempered_softmax(
+    logits: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(softmax(logits / temperature), each row's first argmax of logits / temperature, whether a row has a token to
+    sample: a finite max and no NaN); a row without one gets a one-hot at token 0, so no later kernel sees NaN. Greedy
+    rows have temperature 1, so theirs is the logits' own argmax."""
+    scores = logits / temperature.unsqueeze(1)
+    top, argmax = scores.max(dim=-1)  # max(dim) propagates NaN and gives the first index of the max
+    finite = top.abs() < float("inf")
+    one_hot = torch.zeros_like(scores[:1])
+    one_hot[:, 0].fill_(1.0)  # a fill, not an item assignment: that would copy from the host and wait
+    return torch.where(finite.unsqueeze(1), scores.softmax(dim=-1), one_hot), argmax, finite
+
+
+def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs without the tokens under min_p x the row's top probability, renormalized; the mass they kept)."""
+    kept = probs * (probs >= (min_p * top).unsqueeze(1))
+    mass = kept.sum(dim=-1)
+    return kept / mass.unsqueeze(1), mass
 
 
 def top_p_removed(values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor) -> torch.Tensor:
@@ -37,14 +58,36 @@ class RowPasses:
     softmax: Callable[[torch.Tensor], torch.Tensor]
     top_p_removed: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
     keep_from: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    tempered_softmax: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    min_p_renorm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from)
+TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm)
+
+
+def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
+    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
+    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
+    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def top_k_top_p_filter(
+    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses
+) -> torch.Tensor:
+    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a
+    prefix of that order, so the kept tokens are those at or after its first kept (score, index)."""
+    values, order = scores.sort(dim=-1, stable=True)
+    kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
+    first = rows.top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
+    return rows.keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
 
 
 def row_passes_for(device: torch.device) -> RowPasses:
     if triton_kernels_run_on(device):
         from . import sample_rows_triton as kernels
 
-        return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from)
+        return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from, kernels.tempered_softmax,
+                         kernels.min_p_renorm)
     return TORCH_ROW_PASSES

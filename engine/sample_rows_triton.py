@@ -95,6 +95,73 @@ def _keep_from_kernel(x_ptr, out_ptr, value_ptr, index_ptr, stride, out_stride, 
     tl.store(out_ptr + row * out_stride + cols, tl.where(kept, x, float("-inf")), mask=cols < n)
 
 
+@triton.jit
+def _tempered_stats_kernel(x_ptr, t_ptr, max_ptr, sum_ptr, arg_ptr, nan_ptr, stride, n, CHUNK: tl.constexpr):
+    """Per (row, chunk) of x / t: the max, its first index, the sum of exp(. - max), and whether x holds a NaN."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    s = tl.math.div_rn(x, tl.load(t_ptr + row))  # IEEE division, as torch's: Triton's / is approximate
+    m = tl.max(s, axis=0)
+    shift = tl.where(tl.abs(m) < float("inf"), m, 0.0)
+    at = row * tl.num_programs(1) + c
+    tl.store(max_ptr + at, m)
+    tl.store(arg_ptr + at, c * CHUNK + tl.argmax(s, axis=0, tie_break_left=True))
+    tl.store(sum_ptr + at, tl.sum(tl.exp(s - shift), axis=0))
+    tl.store(nan_ptr + at, tl.max((x != x).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _tempered_softmax_kernel(x_ptr, t_ptr, out_ptr, max_ptr, sum_ptr, arg_ptr, nan_ptr, argmax_ptr, finite_ptr,
+                             stride, out_stride, n, CHUNK: tl.constexpr, C_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    k = tl.arange(0, C_PAD)
+    ok = k < chunks
+    m = tl.load(max_ptr + row * chunks + k, mask=ok, other=float("-inf"))
+    top = tl.max(m, axis=0)
+    finite = (tl.abs(top) < float("inf")) & (tl.max(tl.load(nan_ptr + row * chunks + k, mask=ok, other=0), axis=0) == 0)
+    shift = tl.where(finite, top, 0.0)
+    total = tl.sum(tl.load(sum_ptr + row * chunks + k, mask=ok, other=0.0) * tl.exp(m - shift), axis=0)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    p = tl.exp(tl.math.div_rn(x, tl.load(t_ptr + row)) - shift) / total
+    p = tl.where(finite, p, tl.where(cols == 0, 1.0, 0.0))
+    tl.store(out_ptr + row * out_stride + cols, p, mask=cols < n)
+    if c == 0:  # the first chunk holding the row's max has its first index
+        first = tl.min(tl.where(ok & (m == top), k, C_PAD), axis=0)
+        tl.store(argmax_ptr + row, tl.load(arg_ptr + row * chunks + first, mask=first < chunks, other=0))
+        tl.store(finite_ptr + row, finite)
+
+
+@triton.jit
+def _min_p_sum_kernel(p_ptr, min_p_ptr, top_ptr, sum_ptr, stride, n, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    p = tl.load(p_ptr + row * stride + cols, mask=cols < n, other=0.0)
+    kept = p >= tl.load(min_p_ptr + row) * tl.load(top_ptr + row)
+    tl.store(sum_ptr + row * tl.num_programs(1) + c, tl.sum(tl.where(kept, p, 0.0), axis=0))
+
+
+@triton.jit
+def _min_p_write_kernel(p_ptr, min_p_ptr, top_ptr, sum_ptr, out_ptr, mass_ptr, stride, out_stride, n,
+                        CHUNK: tl.constexpr, C_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    k = tl.arange(0, C_PAD)
+    mass = tl.sum(tl.load(sum_ptr + row * chunks + k, mask=k < chunks, other=0.0), axis=0)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    p = tl.load(p_ptr + row * stride + cols, mask=cols < n, other=0.0)
+    kept = p >= tl.load(min_p_ptr + row) * tl.load(top_ptr + row)
+    tl.store(out_ptr + row * out_stride + cols, tl.math.div_rn(tl.where(kept, p, 0.0), mass), mask=cols < n)
+    if c == 0:
+        tl.store(mass_ptr + row, mass)
+
+
 def _grid(x: torch.Tensor) -> tuple[int, int]:
     return x.shape[0], triton.cdiv(x.shape[1], CHUNK)
 
@@ -130,3 +197,36 @@ def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
     _keep_from_kernel[_grid(scores)](scores, out, value.contiguous(), index.contiguous(), scores.stride(0),
                                      out.stride(0), scores.shape[1], CHUNK=CHUNK)
     return out
+
+
+def tempered_softmax(
+    logits: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
+    grid = _grid(logits)
+    maxes = torch.empty(grid, dtype=torch.float32, device=logits.device)
+    sums = torch.empty_like(maxes)
+    args = torch.empty(grid, dtype=torch.int64, device=logits.device)
+    nans = torch.empty(grid, dtype=torch.int32, device=logits.device)
+    probs = torch.empty_like(logits)
+    argmax = torch.empty(grid[0], dtype=torch.int64, device=logits.device)
+    finite = torch.empty(grid[0], dtype=torch.bool, device=logits.device)
+    t = temperature.contiguous()
+    _tempered_stats_kernel[grid](logits, t, maxes, sums, args, nans, logits.stride(0), logits.shape[1], CHUNK=CHUNK)
+    _tempered_softmax_kernel[grid](logits, t, probs, maxes, sums, args, nans, argmax, finite, logits.stride(0),
+                                   probs.stride(0), logits.shape[1], CHUNK=CHUNK,
+                                   C_PAD=triton.next_power_of_2(grid[1]))
+    return probs, argmax, finite
+
+
+def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    assert probs.dim() == 2 and probs.dtype == torch.float32 and probs.stride(1) == 1
+    grid = _grid(probs)
+    sums = torch.empty(grid, dtype=torch.float32, device=probs.device)
+    out = torch.empty_like(probs)
+    mass = torch.empty(grid[0], dtype=torch.float32, device=probs.device)
+    min_p, top = min_p.contiguous(), top.contiguous()
+    _min_p_sum_kernel[grid](probs, min_p, top, sums, probs.stride(0), probs.shape[1], CHUNK=CHUNK)
+    _min_p_write_kernel[grid](probs, min_p, top, sums, out, mass, probs.stride(0), out.stride(0), probs.shape[1],
+                              CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]))
+    return out, mass

@@ -68,7 +68,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
-    "top_p_chunk_carry_dropped",
+    "top_p_chunk_carry_dropped", "tempered_argmax_last_tie",
 }
 
 

@@ -244,6 +244,16 @@ MUTANTS: dict[str, Mutant] = {
             sampling.top_p_chunk_carry_dropped,
             device="cuda",
         ),
+        Mutant(
+            "tempered_argmax_last_tie",
+            "the CUDA row pass that gives a FlashInfer-drawn batch its tempered softmax and greedy argmax takes the "
+            "last of a row's tied maxima: a greedy row beside sampled ones no longer gets HF's first argmax",
+            "pytorch/pytorch#93630 (a Triton argmax reduction returned the last of tied maxima, not the first); "
+            "pytorch/pytorch#10370 (argmax on CUDA gave another tie than on CPU)",
+            sampling.tempered_argmax_last_tie,
+            device="cuda",
+            needs=(("sampler", "flashinfer"),),
+        ),
         # ---- GPU path: FlashInfer's paged-KV index and graph replay inputs ----
         Mutant(
             "flashinfer_last_page_len_modulo",

@@ -85,3 +85,54 @@ def test_keep_from_is_the_torch_reference(width: int) -> None:
     value, index = values.gather(1, place).squeeze(1), order.gather(1, place).squeeze(1)
     got = sample_rows_triton.keep_from(x.to(DEVICE), value.to(DEVICE), index.to(DEVICE)).cpu()
     assert torch.equal(got, sample_rows.keep_from(x, value, index))
+
+
+def _bad_rows(width: int) -> torch.Tensor:
+    """Rows with nothing to sample: a NaN, a +inf, every logit -inf, and one that overflows at temperature 1e-3."""
+    x = torch.randn(4, width, generator=torch.Generator().manual_seed(width))
+    x[0, width // 2] = float("nan")
+    x[1, width - 1] = float("inf")
+    x[2] = float("-inf")
+    x[3, 0] = 1e38
+    return x
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_tempered_softmax_within_its_rounding_with_the_first_argmax_and_the_same_alone(width: int) -> None:
+    x = torch.cat([_rows(width + 3, 4, width), _bad_rows(width)])
+    top = x[0].max()
+    x[0, -1] = top  # the max tied in the row's last chunk: its first index is earlier
+    temperature = torch.tensor([1.0, 0.7, 2.5, 1.0, 1.0, 0.5, 1.0, 1e-3])
+    got, argmax, finite = (t.cpu() for t in sample_rows_triton.tempered_softmax(x.to(DEVICE), temperature.to(DEVICE)))
+    ref, ref_argmax, ref_finite = sample_rows.tempered_softmax(x, temperature)
+    assert torch.equal(finite, ref_finite) and finite.tolist() == [True] * 4 + [False] * 4
+    assert torch.equal(argmax[:4], ref_argmax[:4])
+    assert torch.equal(got[4:], ref[4:]), "a row with nothing to sample is a one-hot at token 0"
+    scores = (x[:4] / temperature[:4].unsqueeze(1)).double()
+    exact = scores.softmax(dim=-1)
+    shift = (scores - scores.amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
+    bound = (summation_bound(exact, width, torch.float32) + rounding_bound(exact, torch.float32, 4)
+             + exact * shift * unit_roundoff(torch.float32))
+    assert bool(((got[:4].double() - exact).abs() <= bound).all()), float((got[:4].double() - exact).abs().max())
+    for r in range(x.shape[0]):
+        alone = sample_rows_triton.tempered_softmax(x[r : r + 1].to(DEVICE), temperature[r : r + 1].to(DEVICE))
+        assert torch.equal(alone[0].cpu()[0], got[r]) and alone[1].item() == argmax[r].item(), f"row {r}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_min_p_renorm_keeps_the_reference_tokens_within_its_rounding_and_the_same_alone(width: int) -> None:
+    probs = _rows(width + 4, 4, width).softmax(dim=-1)
+    min_p = torch.tensor([0.0, 0.05, 0.5, 1.0])
+    top = probs.amax(dim=-1)
+    got, mass = (t.cpu() for t in sample_rows_triton.min_p_renorm(probs.to(DEVICE), min_p.to(DEVICE), top.to(DEVICE)))
+    kept = probs >= (min_p * top).unsqueeze(1)
+    assert torch.equal(got > 0, kept & (probs > 0))
+    exact_mass = (probs.double() * kept).sum(dim=-1)
+    assert bool(((mass.double() - exact_mass).abs() <= summation_bound(exact_mass, width, torch.float32)).all())
+    exact = probs.double() * kept / exact_mass.unsqueeze(1)
+    bound = 2 * summation_bound(exact, width, torch.float32) + rounding_bound(exact, torch.float32, 1)
+    assert bool(((got.double() - exact).abs() <= bound).all()), float((got.double() - exact).abs().max())
+    for r in range(4):
+        alone, _ = sample_rows_triton.min_p_renorm(probs[r : r + 1].to(DEVICE), min_p[r : r + 1].to(DEVICE),
+                                                   top[r : r + 1].to(DEVICE))
+        assert torch.equal(alone.cpu()[0], got[r]), f"row {r}"

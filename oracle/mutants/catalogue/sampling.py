@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from engine import sample
+from engine import sample, sample_rows
 from engine.core import Batch
 from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
 
@@ -153,6 +153,20 @@ def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
 
     return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
 
+
+def _tempered_softmax_last_tie(
+    logits: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """engine/sample_rows.tempered_softmax with the argmax at the last of a row's tied maxima, not the first."""
+    probs, _, finite = sample_rows.tempered_softmax(logits, temperature)
+    scores = logits / temperature.unsqueeze(1)
+    return probs, scores.shape[1] - 1 - scores.flip(-1).argmax(dim=-1), finite
+
+
+def tempered_argmax_last_tie() -> contextlib.AbstractContextManager[None]:
+    from engine import sample_rows_triton
+
+    return swap(sample_rows_triton, "tempered_softmax", _tempered_softmax_last_tie)
 
 # ---- ties and filter order -------------------------------------------------------------------------------------------
 
