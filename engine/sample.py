@@ -293,35 +293,40 @@ class Sampler(BaseSampler):
 
     def _flashinfer_filters(
         self, probs: torch.Tensor, args: BatchSamplingArgs
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(probs, top_k, top_p) for FlashInfer's kernels; top_k is None where it is applied already: min-p reads the
+        distribution after top-k."""
         bs = probs.shape[0]
-        full_k = torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device)
         # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
-        top_k = full_k if args.top_k is None else args.top_k.to(torch.int32)
+        top_k = (torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device) if args.top_k is None
+                 else args.top_k.to(torch.int32))
         # top_p = 1 can still reject a tail token in fp32: "off" rows get a threshold no mass reaches.
         top_p = torch.full((bs,), 2.0, device=probs.device)
         if args.top_p is not None:
             top_p = torch.where(args.top_p < 1.0, args.top_p.float(), top_p)
-        if args.min_p is not None:
-            probs = self._fi.top_k_renorm_probs(probs, top_k)
-            top_k = full_k
-            probs, mass = self._row_passes.min_p_renorm(probs, args.min_p, probs.amax(dim=-1))
-            top_p = top_p / mass
-        return probs, top_k, top_p
+        if args.min_p is None:
+            return probs, top_k, top_p
+        probs = self._fi.top_k_renorm_probs(probs, top_k)
+        probs, mass = self._row_passes.min_p_renorm(probs, args.min_p, probs.amax(dim=-1))
+        return probs, None, top_p / mass
 
     def flashinfer_draw(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """One token per row of probs, no host sync. Min-p goes before top-p (threshold top_p / kept mass): both keep
         a prefix of the descending order, so this keeps HF's tokens (docs/sampling.md)."""
         probs, top_k, top_p = self._flashinfer_filters(probs, args)
-        samples = self._fi.top_k_top_p_sampling_from_probs(
-            probs, top_k, top_p, filter_apply_order="top_k_first", seed=self.philox_seed, offset=self.philox_offset
-        )
+        philox = {"seed": self.philox_seed, "offset": self.philox_offset}
+        if top_k is None:  # what top_k_top_p_sampling_from_probs runs after its own top-k renorm
+            samples = self._fi.top_p_sampling_from_probs(probs, top_p, **philox)
+        else:
+            samples = self._fi.top_k_top_p_sampling_from_probs(probs, top_k, top_p, filter_apply_order="top_k_first",
+                                                               **philox)
         self.philox_offset.add_(_PHILOX_STRIDE)
         return samples
 
     def flashinfer_probs(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         probs, top_k, top_p = self._flashinfer_filters(probs, args)
-        probs = self._fi.top_k_renorm_probs(probs, top_k)
+        if top_k is not None:
+            probs = self._fi.top_k_renorm_probs(probs, top_k)
         off = top_p >= 1.0
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
@@ -333,9 +338,7 @@ class Sampler(BaseSampler):
         elif args.top_k is not None:
             scores = top_k_filter(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
-            probs = self._row_passes.softmax(scores)
-            threshold = args.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-            scores = scores.masked_fill(probs < threshold, float("-inf"))
+            scores = self._row_passes.min_p_mask(scores, args.min_p)
         return self._row_passes.softmax(scores)
 
 

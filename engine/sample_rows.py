@@ -37,6 +37,12 @@ def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) ->
     return kept / mass.unsqueeze(1), mass
 
 
+def min_p_mask(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """HF's min-p: scores with -inf where softmax(scores) < min_p x the row's top probability."""
+    probs = scores.softmax(dim=-1)
+    return scores.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
 def top_p_removed(values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor) -> torch.Tensor:
     """int64 [bs]: how many of each ascending row's first tokens top-p removes (cumulative mass <= cut, never the
     last), values below kth (top-k's, if any) counted as -inf."""
@@ -60,9 +66,10 @@ class RowPasses:
     keep_from: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     tempered_softmax: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     min_p_renorm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    min_p_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm)
+TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask)
 
 
 def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
@@ -89,5 +96,5 @@ def row_passes_for(device: torch.device) -> RowPasses:
         from . import sample_rows_triton as kernels
 
         return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from, kernels.tempered_softmax,
-                         kernels.min_p_renorm)
+                         kernels.min_p_renorm, kernels.min_p_mask)
     return TORCH_ROW_PASSES

@@ -49,6 +49,20 @@ def _softmax_kernel(x_ptr, out_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHU
 
 
 @triton.jit
+def _min_p_mask_kernel(x_ptr, out_ptr, min_p_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHUNK: tl.constexpr,
+                       C_PAD: tl.constexpr):
+    """x with -inf where its softmax (as _softmax_kernel computes it) is under min_p x the row's top probability."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    top, total = _row_max_sum(max_ptr, sum_ptr, row, tl.num_programs(1), C_PAD)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    threshold = tl.load(min_p_ptr + row) * (tl.exp(top - top) / total)  # the top probability, as the softmax has it
+    tl.store(out_ptr + row * out_stride + cols, tl.where(tl.exp(x - top) / total < threshold, float("-inf"), x),
+             mask=cols < n)
+
+
+@triton.jit
 def _sorted_weights(v_ptr, kth_ptr, row, stride, n, c, CHUNK: tl.constexpr, HAS_KTH: tl.constexpr):
     """exp(v - the row's last (largest) value) over a chunk of an ascending row; 0 below the row's k-th value."""
     cols = c * CHUNK + tl.arange(0, CHUNK)
@@ -230,3 +244,15 @@ def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) ->
     _min_p_write_kernel[grid](probs, min_p, top, sums, out, mass, probs.stride(0), out.stride(0), probs.shape[1],
                               CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]))
     return out, mass
+
+
+def min_p_mask(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    assert scores.dim() == 2 and scores.dtype == torch.float32 and scores.stride(1) == 1
+    grid = _grid(scores)
+    maxes = torch.empty(grid, dtype=torch.float32, device=scores.device)
+    sums = torch.empty_like(maxes)
+    out = torch.empty_like(scores)
+    _chunk_max_sum_kernel[grid](scores, maxes, sums, scores.stride(0), scores.shape[1], CHUNK=CHUNK)
+    _min_p_mask_kernel[grid](scores, out, min_p.contiguous(), maxes, sums, scores.stride(0), out.stride(0),
+                             scores.shape[1], CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]))
+    return out

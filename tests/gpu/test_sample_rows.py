@@ -136,3 +136,24 @@ def test_min_p_renorm_keeps_the_reference_tokens_within_its_rounding_and_the_sam
         alone, _ = sample_rows_triton.min_p_renorm(probs[r : r + 1].to(DEVICE), min_p[r : r + 1].to(DEVICE),
                                                    top[r : r + 1].to(DEVICE))
         assert torch.equal(alone.cpu()[0], got[r]), f"row {r}"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_min_p_mask_drops_the_tokens_float64_drops_where_clear_and_the_same_alone(width: int) -> None:
+    x = _rows(width + 5, 4, width)
+    min_p = torch.tensor([0.3, 0.05, 0.0, 0.9])
+    got = sample_rows_triton.min_p_mask(x.to(DEVICE), min_p.to(DEVICE)).cpu()
+    exact = x.double().softmax(dim=-1)
+    threshold = min_p.double().unsqueeze(1) * exact.amax(dim=-1, keepdim=True)
+    shift = (x.double() - x.double().amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
+    error = (summation_bound(exact, width, torch.float32) + rounding_bound(exact, torch.float32, 4)
+             + exact * shift * unit_roundoff(torch.float32))
+    clear = (exact - threshold).abs() > error + 2 * threshold * (width + 4) * unit_roundoff(torch.float32)
+    dropped = got == float("-inf")
+    assert torch.equal(dropped[clear], (exact < threshold)[clear])
+    assert torch.equal(got[~dropped], x[~dropped]), "a kept token keeps its score"
+    assert bool(clear[[0, 1, 3]].float().mean() > 0.9), "the cut is clear of rounding for most tokens"
+    assert torch.equal(dropped[2], x[2] == float("-inf")), "min_p 0 drops nothing"
+    for r in range(4):
+        alone = sample_rows_triton.min_p_mask(x[r : r + 1].to(DEVICE), min_p[r : r + 1].to(DEVICE)).cpu()[0]
+        assert torch.equal(alone, got[r]), f"row {r}"
