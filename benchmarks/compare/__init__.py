@@ -14,7 +14,7 @@ The engine runs a target (oracle.target): --target, else cpu-fp32 on CPU and cud
    method is applied to every contender. Repeats run interleaved (each contender once per round), and each ratio
    is the median over rounds of the ratio within a round, so load from other processes hits both sides alike.
    --sampling greedy,mixed,seeded adds the engine's sampled rows (HF runs greedy only), each with its ratio to the
-   greedy row: mixed cycles greedy, top-k, top-p and min-p requests, seeded samples each with a seed of its own.
+   greedy row: mixed cycles top-k, top-p, min-p and greedy requests, seeded samples each with a seed of its own.
 2. Roofline (GPU): device bandwidth from a large device-to-device copy (read + write bytes), in the same run.
    floor = (weight bytes read + KV bytes read) / bandwidth per decode step; reports step / floor per B.
 3. Offline workload (GPU), shaped like nano-vllm's bench: 256 requests, random token ids, input and output

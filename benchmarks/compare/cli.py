@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sampling",
         default=GREEDY,
         help=f"comma list of {', '.join(MODES)}: the engine's grid rows per mode (HF contenders run greedy only); "
-        "mixed cycles greedy, top-k, top-p and min-p requests, seeded samples every request with its own seed",
+        "mixed cycles top-k, top-p, min-p and greedy requests, seeded samples every request with its own seed",
     )
     parser.add_argument(
         "--sampled-batch-sizes",

@@ -1,5 +1,5 @@
 """How the requests of a grid or offline row sample: greedy (every row until now), a mixed batch cycling through
-greedy, top-k, top-p and min-p requests (unseeded), or a seeded one (every request sampled with a seed of its own).
+top-k, top-p, min-p and greedy requests (unseeded), or a seeded one (every request sampled with a seed of its own).
 EOS is ignored in each, so every request makes exactly its max_tokens.
 """
 
@@ -12,11 +12,12 @@ from engine import SamplingParams
 
 GREEDY, MIXED, SEEDED = "greedy", "mixed", "seeded"
 MODES = (GREEDY, MIXED, SEEDED)
+# Greedy last, so a batch of one samples: the B 1 row of a mixed batch replays the sampled graph, not the greedy one.
 MIXED_CYCLE = (
-    SamplingParams(),
     SamplingParams(temperature=0.8, top_k=20),
     SamplingParams(temperature=0.8, top_p=0.9),
     SamplingParams(temperature=0.8, min_p=0.05),
+    SamplingParams(),
 )
 
 
