@@ -13,7 +13,7 @@ import torch
 
 from . import sample_graph
 from .core import Batch, Req
-from .device import flashinfer_installed, upload
+from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
@@ -203,7 +203,7 @@ class BaseSampler(ABC):
         seeded = [(row, seed) for row, seed in enumerate(row_seeds) if seed is not None]
         if seeded:
             rows, seeds = zip(*seeded)
-            self._seeded_noise(noise, upload(torch.tensor(rows), self.device), upload(torch.tensor(seeds), self.device))
+            self._seeded_noise(noise, upload(host_tensor(rows), self.device), upload(host_tensor(seeds), self.device))
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod

@@ -38,28 +38,29 @@ def _row_max_sum(max_ptr, sum_ptr, row, chunks, C_PAD: tl.constexpr):
 
 
 @triton.jit
+def _chunk_softmax(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK: tl.constexpr, C_PAD: tl.constexpr):
+    """This program's row, chunk columns, x there and its softmax; and the row's top probability by the same formula."""
+    row = tl.program_id(0)
+    top, total = _row_max_sum(max_ptr, sum_ptr, row, tl.num_programs(1), C_PAD)
+    cols = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    return row, cols, x, tl.exp(x - top) / total, tl.exp(top - top) / total
+
+
+@triton.jit
 def _softmax_kernel(x_ptr, out_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHUNK: tl.constexpr,
                     C_PAD: tl.constexpr):
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    top, total = _row_max_sum(max_ptr, sum_ptr, row, tl.num_programs(1), C_PAD)
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
-    tl.store(out_ptr + row * out_stride + cols, tl.exp(x - top) / total, mask=cols < n)
+    row, cols, _, p, _ = _chunk_softmax(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
+    tl.store(out_ptr + row * out_stride + cols, p, mask=cols < n)
 
 
 @triton.jit
 def _min_p_mask_kernel(x_ptr, out_ptr, min_p_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHUNK: tl.constexpr,
                        C_PAD: tl.constexpr):
-    """x with -inf where its softmax (as _softmax_kernel computes it) is under min_p x the row's top probability."""
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    top, total = _row_max_sum(max_ptr, sum_ptr, row, tl.num_programs(1), C_PAD)
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
-    threshold = tl.load(min_p_ptr + row) * (tl.exp(top - top) / total)  # the top probability, as the softmax has it
-    tl.store(out_ptr + row * out_stride + cols, tl.where(tl.exp(x - top) / total < threshold, float("-inf"), x),
-             mask=cols < n)
+    """x with -inf where its softmax is under min_p x the row's top probability."""
+    row, cols, x, p, top_p = _chunk_softmax(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
+    dropped = p < tl.load(min_p_ptr + row) * top_p
+    tl.store(out_ptr + row * out_stride + cols, tl.where(dropped, float("-inf"), x), mask=cols < n)
 
 
 @triton.jit
@@ -177,23 +178,29 @@ def _min_p_write_kernel(p_ptr, min_p_ptr, top_ptr, sum_ptr, out_ptr, mass_ptr, s
 
 
 def _grid(x: torch.Tensor) -> tuple[int, int]:
+    """(rows, chunks) of a float32 [bs, vocab] tensor with unit column stride, the layout every pass reads."""
+    assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
     return x.shape[0], triton.cdiv(x.shape[1], CHUNK)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+def _chunk_stats(x: torch.Tensor) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
+    """The grid, and each (row, chunk)'s max and sum of exp(x - max)."""
     grid = _grid(x)
     maxes = torch.empty(grid, dtype=torch.float32, device=x.device)
     sums = torch.empty_like(maxes)
-    out = torch.empty_like(x)
     _chunk_max_sum_kernel[grid](x, maxes, sums, x.stride(0), x.shape[1], CHUNK=CHUNK)
+    return grid, maxes, sums
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    grid, maxes, sums = _chunk_stats(x)
+    out = torch.empty_like(x)
     _softmax_kernel[grid](x, out, maxes, sums, x.stride(0), out.stride(0), x.shape[1], CHUNK=CHUNK,
                           C_PAD=triton.next_power_of_2(grid[1]))
     return out
 
 
 def top_p_removed(values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor) -> torch.Tensor:
-    assert values.dim() == 2 and values.dtype == torch.float32 and values.stride(1) == 1
     grid = _grid(values)
     sums = torch.empty(grid, dtype=torch.float32, device=values.device)
     counts = torch.empty(grid, dtype=torch.int32, device=values.device)
@@ -206,7 +213,6 @@ def top_p_removed(values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Ten
 
 
 def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    assert scores.dim() == 2 and scores.dtype == torch.float32 and scores.stride(1) == 1
     out = torch.empty_like(scores)
     _keep_from_kernel[_grid(scores)](scores, out, value.contiguous(), index.contiguous(), scores.stride(0),
                                      out.stride(0), scores.shape[1], CHUNK=CHUNK)
@@ -216,7 +222,6 @@ def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
 def tempered_softmax(
     logits: torch.Tensor, temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     grid = _grid(logits)
     maxes = torch.empty(grid, dtype=torch.float32, device=logits.device)
     sums = torch.empty_like(maxes)
@@ -234,7 +239,6 @@ def tempered_softmax(
 
 
 def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    assert probs.dim() == 2 and probs.dtype == torch.float32 and probs.stride(1) == 1
     grid = _grid(probs)
     sums = torch.empty(grid, dtype=torch.float32, device=probs.device)
     out = torch.empty_like(probs)
@@ -247,12 +251,8 @@ def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) ->
 
 
 def min_p_mask(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    assert scores.dim() == 2 and scores.dtype == torch.float32 and scores.stride(1) == 1
-    grid = _grid(scores)
-    maxes = torch.empty(grid, dtype=torch.float32, device=scores.device)
-    sums = torch.empty_like(maxes)
+    grid, maxes, sums = _chunk_stats(scores)
     out = torch.empty_like(scores)
-    _chunk_max_sum_kernel[grid](scores, maxes, sums, scores.stride(0), scores.shape[1], CHUNK=CHUNK)
     _min_p_mask_kernel[grid](scores, out, min_p.contiguous(), maxes, sums, scores.stride(0), out.stride(0),
                              scores.shape[1], CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]))
     return out
