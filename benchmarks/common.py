@@ -316,16 +316,17 @@ def graph_device_ms(engine: Engine, bs: int, mode: str = "greedy", reps: int = 5
 
 
 # ---- samplers -----------------------------------------------------------------------------------------------------
-# No seeded row: a batch with one keeps the torch path even where FlashInfer is on (see engine/sample.py).
+# No seeded row: a batch with one keeps the torch path even where FlashInfer is on (see engine/sample.py). Every
+# filter in the first row, greedy last, so a batch of one samples through each of them.
 MIXED_PARAMS = (
-    SamplingParams(),  # greedy
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
     SamplingParams(temperature=0.7, top_k=50),
     SamplingParams(temperature=1.0, top_p=0.9),
-    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
     SamplingParams(temperature=1.2, min_p=0.1),
     SamplingParams(temperature=0.6, top_k=20, top_p=0.8),
     SamplingParams(temperature=1.0),
     SamplingParams(temperature=0.9, top_k=100, top_p=0.95),
+    SamplingParams(),  # greedy
 )
 
 

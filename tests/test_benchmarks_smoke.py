@@ -84,6 +84,7 @@ def test_sampling_modes_make_the_requested_batches() -> None:
     assert [(p.temperature, p.top_k, p.top_p, p.min_p) for p in mixed] == [
         (0.8, 20, 1.0, 0.0), (0.8, -1, 0.9, 0.0), (0.8, -1, 1.0, 0.05), (0.0, -1, 1.0, 0.0), (0.8, 20, 1.0, 0.0)
     ]
+    assert not request_params(MIXED, [5])[0].is_greedy, "a mixed batch of one samples"
     seeded = request_params(SEEDED, [3, 4])
     assert [p.seed for p in seeded] == [0, 1] and all(p.temperature == 0.8 and p.top_p == 0.9 for p in seeded)
     assert all(p.ignore_eos and p.seed is None for p in mixed + request_params(GREEDY, [1]))
