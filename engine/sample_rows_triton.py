@@ -1,4 +1,4 @@
-"""The torch sampler's full-vocabulary row passes on CUDA (engine/sample_rows.py states what each computes): a row is
+"""The sampler's full-vocabulary row passes on CUDA (engine/sample_rows.py states what each computes): a row is
 cut into fixed chunks of CHUNK tokens, so a row of one request or of sixty-four keeps many programs busy, and a
 row's chunks depend on the vocabulary alone: its result is the same bits whatever its batch (the seeded contract).
 """

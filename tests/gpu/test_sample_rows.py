@@ -25,13 +25,16 @@ WIDTHS = [2, 17, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 300]
 
 
 def _rows(seed: int, bs: int, width: int) -> torch.Tensor:
-    """Gaussian rows of several spreads, one with many ties, one with -inf entries (never its max)."""
+    """Gaussian rows of several spreads, one with many ties, one with -inf entries (never its max): a whole chunk of
+    them where the row has more than one chunk, as top-k leaves a row."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(bs, width, generator=gen) * torch.tensor([1.0, 8.0, 30.0, 3.0])[torch.arange(bs) % 4, None]
     x[1 % bs] = (x[1 % bs] * 2).round() / 2
     if bs > 2:
         x[2, torch.rand(width, generator=gen) < 0.3] = float("-inf")
-        x[2, 0] = 5.0
+        if width > CHUNK:
+            x[2, :CHUNK] = float("-inf")
+        x[2, -1] = 5.0
     return x
 
 

@@ -168,6 +168,7 @@ def tempered_argmax_last_tie() -> contextlib.AbstractContextManager[None]:
 
     return swap(sample_rows_triton, "tempered_softmax", _tempered_softmax_last_tie)
 
+
 # ---- ties and filter order -------------------------------------------------------------------------------------------
 
 
