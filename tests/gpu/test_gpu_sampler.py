@@ -12,10 +12,14 @@ replay test; at that alpha a chi-square test with up to 40 bins detects an effec
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from gpu_support import needs_flashinfer
 
 from engine import Batch, Req, SamplingParams
+from engine.errors import NonFiniteLogitsError
 from engine.sample import BatchSamplingArgs, Sampler
 from engine.sample_graph import ROW_BYTES
 from oracle.sampler import reference_distribution
@@ -72,6 +76,32 @@ def test_flashinfer_sampler_matches_reference_in_a_mixed_batch() -> None:
         else:
             _check(counts[i], rows[i], p, f"parameter set {i} ({p})")
 
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+inf", "all -inf", "overflow"])
+def test_a_row_with_nothing_to_sample_raises_and_puts_the_philox_offset_back(bad: str) -> None:
+    """FlashInfer's path finds such rows in its fused tempered softmax: the call raises naming the row and puts the
+    Philox offset back, so the other rows, drawn again without it, get what a fresh sampler draws."""
+    good = torch.stack([_row(s) for s in (31, 32, 33)])
+    row = _row(34)
+    if bad == "NaN":
+        row[7] = math.nan
+    elif bad == "+inf":
+        row[7] = math.inf
+    elif bad == "all -inf":
+        row[:] = -math.inf
+    else:
+        row[3] = 1000.0  # / 1e-37 overflows float32
+    logits = torch.cat([good[:1], row[None], good[1:]]).cuda()
+    others = [MIXED[0], MIXED[2], MIXED[5]]
+    row_params = SamplingParams(temperature=1e-37) if bad == "overflow" else MIXED[1]
+    sampler = Sampler(torch.device("cuda"), VOCAB, seed=5, use_flashinfer=True)
+    with pytest.raises(NonFiniteLogitsError, match=r"batch rows \[1\]") as raised:
+        sampler.sample(logits, _args(sampler, [others[0], row_params, *others[1:]]))
+    assert raised.value.rows == [1]
+    again = sampler.sample(good.cuda(), _args(sampler, others))
+    fresh = Sampler(torch.device("cuda"), VOCAB, seed=5, use_flashinfer=True)
+    assert torch.equal(again.cpu(), fresh.sample(good.cuda(), _args(fresh, others)).cpu())
 
 def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
     """The engine's draw mode: graph_draw captured once over static parameters, a mixed batch's parameters loaded
