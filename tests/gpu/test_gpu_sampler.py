@@ -77,7 +77,6 @@ def test_flashinfer_sampler_matches_reference_in_a_mixed_batch() -> None:
             _check(counts[i], rows[i], p, f"parameter set {i} ({p})")
 
 
-
 @pytest.mark.parametrize("bad", ["NaN", "+inf", "all -inf", "overflow"])
 def test_a_row_with_nothing_to_sample_raises_and_puts_the_philox_offset_back(bad: str) -> None:
     """FlashInfer's path finds such rows in its fused tempered softmax: the call raises naming the row and puts the
@@ -102,6 +101,7 @@ def test_a_row_with_nothing_to_sample_raises_and_puts_the_philox_offset_back(bad
     again = sampler.sample(good.cuda(), _args(sampler, others))
     fresh = Sampler(torch.device("cuda"), VOCAB, seed=5, use_flashinfer=True)
     assert torch.equal(again.cpu(), fresh.sample(good.cuda(), _args(fresh, others)).cpu())
+
 
 def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
     """The engine's draw mode: graph_draw captured once over static parameters, a mixed batch's parameters loaded

@@ -38,16 +38,22 @@ def _rows(seed: int, bs: int, width: int) -> torch.Tensor:
     return x
 
 
+def _softmax_bound(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the float64 softmax of float32 scores, the error bound of a chunked float32 one against it): exp, the
+    division and the rescale of each chunk's sum: a few roundings; scores - max rounded, which exp turns into a
+    relative error |scores - max| u; the row's sum: width terms."""
+    exact = scores.double().softmax(dim=-1)
+    shift = (scores.double() - scores.double().amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
+    bound = (summation_bound(exact, scores.shape[1], torch.float32) + rounding_bound(exact, torch.float32, 4)
+             + exact * shift * unit_roundoff(torch.float32))
+    return exact, bound
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_softmax_within_its_rounding_and_the_same_alone_as_in_a_batch(width: int) -> None:
     x = _rows(width, 4, width)
     got = sample_rows_triton.softmax(x.to(DEVICE)).cpu()
-    ref = x.double().softmax(dim=-1)
-    # exp, the division and the rescale of each chunk's sum: a few roundings; x - max rounded, which exp turns into
-    # a relative error |x - max| u; the row's sum: width terms.
-    shift = (x.double() - x.double().amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
-    bound = (summation_bound(ref, width, torch.float32) + rounding_bound(ref, torch.float32, 4)
-             + ref * shift * unit_roundoff(torch.float32))
+    ref, bound = _softmax_bound(x)
     assert bool(((got.double() - ref).abs() <= bound).all()), float((got.double() - ref).abs().max())
     for r in range(x.shape[0]):
         assert torch.equal(sample_rows_triton.softmax(x[r : r + 1].to(DEVICE)).cpu()[0], got[r]), f"row {r}"
@@ -111,11 +117,7 @@ def test_tempered_softmax_within_its_rounding_with_the_first_argmax_and_the_same
     assert torch.equal(finite, ref_finite) and finite.tolist() == [True] * 4 + [False] * 4
     assert torch.equal(argmax[:4], ref_argmax[:4])
     assert torch.equal(got[4:], ref[4:]), "a row with nothing to sample is a one-hot at token 0"
-    scores = (x[:4] / temperature[:4].unsqueeze(1)).double()
-    exact = scores.softmax(dim=-1)
-    shift = (scores - scores.amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
-    bound = (summation_bound(exact, width, torch.float32) + rounding_bound(exact, torch.float32, 4)
-             + exact * shift * unit_roundoff(torch.float32))
+    exact, bound = _softmax_bound(x[:4] / temperature[:4].unsqueeze(1))
     assert bool(((got[:4].double() - exact).abs() <= bound).all()), float((got[:4].double() - exact).abs().max())
     for r in range(x.shape[0]):
         alone = sample_rows_triton.tempered_softmax(x[r : r + 1].to(DEVICE), temperature[r : r + 1].to(DEVICE))
@@ -146,11 +148,8 @@ def test_min_p_mask_drops_the_tokens_float64_drops_where_clear_and_the_same_alon
     x = _rows(width + 5, 4, width)
     min_p = torch.tensor([0.3, 0.05, 0.0, 0.9])
     got = sample_rows_triton.min_p_mask(x.to(DEVICE), min_p.to(DEVICE)).cpu()
-    exact = x.double().softmax(dim=-1)
+    exact, error = _softmax_bound(x)
     threshold = min_p.double().unsqueeze(1) * exact.amax(dim=-1, keepdim=True)
-    shift = (x.double() - x.double().amax(dim=-1, keepdim=True)).abs().nan_to_num(0.0)
-    error = (summation_bound(exact, width, torch.float32) + rounding_bound(exact, torch.float32, 4)
-             + exact * shift * unit_roundoff(torch.float32))
     clear = (exact - threshold).abs() > error + 2 * threshold * (width + 4) * unit_roundoff(torch.float32)
     dropped = got == float("-inf")
     assert torch.equal(dropped[clear], (exact < threshold)[clear])
