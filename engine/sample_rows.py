@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import triton_kernels_run_on
+from .sample_noise import generator_noise_
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -76,6 +77,17 @@ def top_k_top_p_filter(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: 
     return keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
 
 
+def seeded_race(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
+    """int64 [bs]: the exponential race argmax(p / E) over p = softmax(scores, min-p masked where min_p is given), E
+    each row's Exp(1) noise keyed by seeds[row] (engine/sample_noise.py): a seeded draw after top-k and top-p."""
+    if min_p is not None:
+        scores = min_p_mask(scores, min_p)
+    probs = softmax(scores)
+    noise = torch.empty_like(probs)
+    generator_noise_(noise, torch.arange(probs.shape[0]), seeds)
+    return (probs / noise).argmax(dim=-1)
+
+
 @dataclass(frozen=True)
 class RowPasses:
     softmax: Callable[[torch.Tensor], torch.Tensor]
@@ -83,9 +95,10 @@ class RowPasses:
     tempered_softmax: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     min_p_renorm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     min_p_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    seeded_race: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
-TORCH_ROW_PASSES = RowPasses(softmax, top_k_top_p_filter, tempered_softmax, min_p_renorm, min_p_mask)
+TORCH_ROW_PASSES = RowPasses(softmax, top_k_top_p_filter, tempered_softmax, min_p_renorm, min_p_mask, seeded_race)
 
 
 def row_passes_for(device: torch.device) -> RowPasses:
@@ -94,5 +107,5 @@ def row_passes_for(device: torch.device) -> RowPasses:
         from . import sample_select_triton as select
 
         return RowPasses(kernels.softmax, select.top_k_top_p, kernels.tempered_softmax, kernels.min_p_renorm,
-                         kernels.min_p_mask)
+                         kernels.min_p_mask, kernels.seeded_race)
     return TORCH_ROW_PASSES

@@ -66,10 +66,10 @@ def _top_k_key(part_ptr, prefix_ptr, base_ptr, want_ptr, row, rows, chunks, C_PA
     digit, _ = _decide(part_ptr + (ROUNDS - 1) * rows * chunks * BUCKETS, tl.load(base_ptr + at), want, row, chunks,
                        C_PAD, BUCKETS)
     key = (tl.load(prefix_ptr + at).to(tl.uint32, bitcast=True) << DIGIT_BITS) | digit.to(tl.uint32)
-    return tl.where(want > 0, key, 0)
+    return tl.where(want > 0, key, 0).to(tl.uint32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["r"])  # one build for every round: Triton would make r = 1 a constant
 def _round_kernel(x_ptr, stride, n, r, max_ptr, part_ptr, prefix_ptr, base_ptr, want_ptr, cut_ptr, count_ptr,
                   k_part_ptr, k_prefix_ptr, k_base_ptr, k_want_ptr,
                   MASS: tl.constexpr, HAS_K: tl.constexpr, FIND_K: tl.constexpr, CHUNK: tl.constexpr,
@@ -84,14 +84,13 @@ def _round_kernel(x_ptr, stride, n, r, max_ptr, part_ptr, prefix_ptr, base_ptr, 
     chunks = tl.num_programs(1)
     base_cols = c * CHUNK + tl.arange(0, SUB)
     if FIND_K and r == 0:
-        m = float("-inf")
+        m = tl.full((), float("-inf"), tl.float32)
         for s in range(0, CHUNK, SUB):
             m = tl.maximum(m, tl.max(tl.load(x_ptr + row * stride + base_cols + s, mask=base_cols + s < n,
                                              other=float("-inf")), axis=0))
         tl.store(max_ptr + row * chunks + c, m)
     want = tl.load(cut_ptr + row)  # top-k's V - k; top-p's cut, which round 1 turns into a mass
-    if want <= 0:  # this filter is off on the row
-        return
+    limit = tl.where(want > 0, n, 0)  # a row the filter is off on loads nothing, and its results are never read
     prefix = tl.zeros((), dtype=tl.uint32)
     base = 0.0
     if r > 0:
@@ -124,9 +123,9 @@ def _round_kernel(x_ptr, stride, n, r, max_ptr, part_ptr, prefix_ptr, base_ptr, 
     count = tl.zeros((BUCKETS,), dtype=tl.int32)
     for s in range(0, CHUNK, SUB):
         cols = base_cols + s
-        x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < limit, other=float("-inf"))
         key = _ordered_keys(x)
-        inside = (cols < n) & ((r == 0) | ((key >> (shift + DIGIT_BITS)) == prefix))
+        inside = (cols < limit) & ((r == 0) | ((key >> (shift + DIGIT_BITS)) == prefix))
         digit = ((key >> shift) & (BUCKETS - 1)).to(tl.int32)
         hit = inside[:, None] & (digit[:, None] == d[None, :])
         if MASS:

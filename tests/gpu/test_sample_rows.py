@@ -19,6 +19,7 @@ from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine import sample_rows, sample_rows_triton  # noqa: E402
 from engine import sample_select_triton as select  # noqa: E402
+from engine.sample_triton import seeded_noise_  # noqa: E402
 from oracle.tolerance import rounding_bound, summation_bound, unit_roundoff  # noqa: E402
 
 pytestmark = needs_kernel_device
@@ -96,6 +97,24 @@ def test_top_k_top_p_keeps_a_suffix_of_the_stable_order_cut_where_float64_cuts_a
                                    top_p[r : r + 1].to(DEVICE)).cpu()[0]
         assert torch.equal(alone, got[r]), f"row {r}: alone and in the batch differ"
     assert int(removed[4]) >= width // 2 - 1, "the flat row's cut lies halfway through its tie group"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_seeded_race_is_the_race_over_the_softmax_and_the_seeded_noise_bitwise(width: int) -> None:
+    """The fused race of a captured seeded draw picks the token argmax(softmax / noise) picks from the unfused passes
+    and the seeded noise kernel, with and without min-p: 8 seeds on each of 4 rows, alone as in the batch."""
+    x = _rows(width + 6, 4, width).repeat(8, 1).to(DEVICE)
+    seeds = torch.arange(32, dtype=torch.int64, device=DEVICE) * 7919 + (1 << 40)
+    for min_p in (None, torch.tensor([0.3, 0.05, 0.0, 0.001] * 8, device=DEVICE)):
+        got = sample_rows_triton.seeded_race(x, min_p, seeds)
+        probs = sample_rows_triton.softmax(x if min_p is None else sample_rows_triton.min_p_mask(x, min_p))
+        noise = torch.empty_like(probs)
+        seeded_noise_(noise, torch.arange(32, device=DEVICE), seeds)
+        assert torch.equal(got, (probs / noise).argmax(dim=-1)), f"min_p {min_p is not None}"
+        for r in (0, 13, 31):
+            alone = sample_rows_triton.seeded_race(x[r : r + 1], None if min_p is None else min_p[r : r + 1],
+                                                   seeds[r : r + 1])
+            assert alone.item() == got[r].item(), f"row {r}: alone and in the batch differ"
 
 
 def _bad_rows(width: int) -> torch.Tensor:
