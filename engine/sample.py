@@ -17,7 +17,7 @@ from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
-from .sample_rows import row_passes_for, top_k_filter
+from .sample_rows import row_passes_for, top_k_filter, top_k_top_p_filter
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
@@ -344,7 +344,7 @@ class Sampler(BaseSampler):
         """float32 [bs, vocab]: logits / temperature, -inf where top-k or top-p removes a token."""
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            return self._row_passes.top_k_top_p(scores, args.top_k, args.top_p)
+            return top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
         if args.top_k is not None:
             return top_k_filter(scores, args.top_k, args.top_k_max)
         return scores

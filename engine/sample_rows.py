@@ -1,6 +1,6 @@
 """The sampler's full-vocabulary row passes, behind one interface: in torch (the reference, HF's op sequence) and, on
-CUDA, the Triton ones of engine/sample_rows_triton.py and engine/sample_select_triton.py (top-k then top-p without a
-sort), which give a row the same bits whatever its batch and keep many programs busy on a single row."""
+CUDA, the Triton ones of engine/sample_rows_triton.py, which give a row the same bits whatever its batch and keep many
+programs busy on a single row; and the torch sampler's top-k and top-p filters built on them."""
 
 from __future__ import annotations
 
@@ -60,23 +60,6 @@ def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
     return scores.masked_fill((scores < value) | ((scores == value) & (cols < index)), float("-inf"))
 
 
-def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
-    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
-    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
-    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
-    return scores.masked_fill(scores < kth, float("-inf"))
-
-
-def top_k_top_p_filter(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> torch.Tensor:
-    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
-    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a
-    prefix of that order, so the kept tokens are those at or after its first kept (score, index)."""
-    values, order = scores.sort(dim=-1, stable=True)
-    kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
-    first = top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
-    return keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
-
-
 def seeded_race(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
     """int64 [bs]: the exponential race argmax(p / E) over p = softmax(scores, min-p masked where min_p is given), E
     each row's Exp(1) noise keyed by seeds[row] (engine/sample_noise.py): a seeded draw after top-k and top-p."""
@@ -91,21 +74,41 @@ def seeded_race(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.T
 @dataclass(frozen=True)
 class RowPasses:
     softmax: Callable[[torch.Tensor], torch.Tensor]
-    top_k_top_p: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
+    top_p_removed: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
+    keep_from: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     tempered_softmax: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     min_p_renorm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     min_p_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     seeded_race: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
-TORCH_ROW_PASSES = RowPasses(softmax, top_k_top_p_filter, tempered_softmax, min_p_renorm, min_p_mask, seeded_race)
+TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask,
+                             seeded_race)
+
+
+def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
+    """HF's top-k alone: only the k-th largest value matters, so a topk as wide as the largest k, never a sort."""
+    kth = scores.topk(width, dim=-1).values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1))
+    kth = kth.masked_fill((top_k >= scores.shape[-1]).unsqueeze(1), float("-inf"))
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def top_k_top_p_filter(
+    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses
+) -> torch.Tensor:
+    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a
+    prefix of that order, so the kept tokens are those at or after its first kept (score, index)."""
+    values, order = scores.sort(dim=-1, stable=True)
+    kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
+    first = rows.top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
+    return rows.keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
 
 
 def row_passes_for(device: torch.device) -> RowPasses:
     if triton_kernels_run_on(device):
         from . import sample_rows_triton as kernels
-        from . import sample_select_triton as select
 
-        return RowPasses(kernels.softmax, select.top_k_top_p, kernels.tempered_softmax, kernels.min_p_renorm,
-                         kernels.min_p_mask, kernels.seeded_race)
+        return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from, kernels.tempered_softmax,
+                         kernels.min_p_renorm, kernels.min_p_mask, kernels.seeded_race)
     return TORCH_ROW_PASSES

@@ -116,6 +116,53 @@ def _first_best_kernel(best_ptr, arg_ptr, out_ptr, chunks, C_PAD: tl.constexpr):
 
 
 @triton.jit
+def _sorted_weights(v_ptr, kth_ptr, row, stride, n, c, CHUNK: tl.constexpr, HAS_KTH: tl.constexpr):
+    """exp(v - the row's last (largest) value) over a chunk of an ascending row; 0 below the row's k-th value."""
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    v = tl.load(v_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    top = tl.load(v_ptr + row * stride + n - 1)
+    w = tl.exp(v - top)
+    if HAS_KTH:
+        w = tl.where(v < tl.load(kth_ptr + row), 0.0, w)
+    return cols, w
+
+
+@triton.jit
+def _sorted_sum_kernel(v_ptr, kth_ptr, sum_ptr, stride, n, CHUNK: tl.constexpr, HAS_KTH: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    _, w = _sorted_weights(v_ptr, kth_ptr, row, stride, n, c, CHUNK, HAS_KTH)
+    tl.store(sum_ptr + row * tl.num_programs(1) + c, tl.sum(w, axis=0))
+
+
+@triton.jit
+def _top_p_count_kernel(v_ptr, kth_ptr, sum_ptr, cut_ptr, count_ptr, stride, n, CHUNK: tl.constexpr,
+                        C_PAD: tl.constexpr, HAS_KTH: tl.constexpr):
+    """Per (row, chunk): how many of the chunk's tokens, all but the row's last, have a cumulative mass <= the cut."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    k = tl.arange(0, C_PAD)
+    sums = tl.load(sum_ptr + row * chunks + k, mask=k < chunks, other=0.0)
+    total = tl.sum(sums, axis=0)
+    before = tl.sum(tl.where(k < c, sums, 0.0), axis=0)
+    cols, w = _sorted_weights(v_ptr, kth_ptr, row, stride, n, c, CHUNK, HAS_KTH)
+    cumulative = (before + tl.cumsum(w, axis=0)) / total
+    removed = (cumulative <= tl.load(cut_ptr + row)) & (cols < n - 1)
+    tl.store(count_ptr + row * chunks + c, tl.sum(removed.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _keep_from_kernel(x_ptr, out_ptr, value_ptr, index_ptr, stride, out_stride, n, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=0.0)
+    value = tl.load(value_ptr + row)
+    kept = (x > value) | ((x == value) & (cols >= tl.load(index_ptr + row)))
+    tl.store(out_ptr + row * out_stride + cols, tl.where(kept, x, float("-inf")), mask=cols < n)
+
+
+@triton.jit
 def _tempered_stats_kernel(x_ptr, t_ptr, max_ptr, sum_ptr, arg_ptr, nan_ptr, stride, n, CHUNK: tl.constexpr):
     """Per (row, chunk) of x / t: the max, its first index, the sum of exp(. - max), and whether x holds a NaN."""
     row = tl.program_id(0)
@@ -202,6 +249,25 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     _softmax_kernel[grid](x, out, maxes, sums, x.stride(0), out.stride(0), x.shape[1], CHUNK=CHUNK,
                           C_PAD=triton.next_power_of_2(grid[1]))
+    return out
+
+
+def top_p_removed(values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor) -> torch.Tensor:
+    grid = _grid(values)
+    sums = torch.empty(grid, dtype=torch.float32, device=values.device)
+    counts = torch.empty(grid, dtype=torch.int32, device=values.device)
+    kth_arg = values if kth is None else kth.contiguous()
+    _sorted_sum_kernel[grid](values, kth_arg, sums, values.stride(0), values.shape[1], CHUNK=CHUNK,
+                             HAS_KTH=kth is not None)
+    _top_p_count_kernel[grid](values, kth_arg, sums, cut.contiguous(), counts, values.stride(0), values.shape[1],
+                              CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]), HAS_KTH=kth is not None)
+    return counts.sum(dim=1)
+
+
+def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(scores)
+    _keep_from_kernel[_grid(scores)](scores, out, value.contiguous(), index.contiguous(), scores.stride(0),
+                                     out.stride(0), scores.shape[1], CHUNK=CHUNK)
     return out
 
 

@@ -236,12 +236,12 @@ MUTANTS: dict[str, Mutant] = {
             device="cuda",
         ),
         Mutant(
-            "top_p_tie_rank_per_chunk",
-            "the CUDA top-p ranks the tied tokens at its threshold within each 4096-token chunk, not across the "
-            "row: a tie group its cut splits across a chunk edge loses the wrong members",
+            "top_p_chunk_carry_dropped",
+            "the CUDA row pass that counts top-p's removed tokens restarts each 4096-token chunk's cumulative mass "
+            "at 0: a seeded row whose cut lies past its first chunk keeps too few tokens",
             "ROCm/aiter#2035 (a top-p kernel's block prefix scan was wrong across blocks), "
             "flashinfer-ai/flashinfer#225 and #226 (prefix sums in the sampling kernels)",
-            sampling.top_p_tie_rank_per_chunk,
+            sampling.top_p_chunk_carry_dropped,
             device="cuda",
         ),
         Mutant(

@@ -1,7 +1,7 @@
-"""The sampler's Triton row passes (engine/sample_rows_triton.py, engine/sample_select_triton.py) against the torch
-reference of engine/sample_rows.py and float64: softmax within its rounding, top-k and top-p's kept tokens a suffix of
-the stable order cut wherever float64 puts the cut clear of float32's summation error, and each row's bits the same
-alone and in a batch (the seeded contract).
+"""The sampler's Triton row passes (engine/sample_rows_triton.py) against the torch reference of engine/sample_rows.py
+and float64: softmax within its rounding, top-p's removed count wherever float64 puts the cut clear of float32's
+summation error, keep_from exactly, the fused seeded race bitwise the unfused passes, and each row's bits the same alone
+and in a batch (the seeded contract).
 
 Rows mix ties, -inf entries, a top-k cut and widths on both sides of the CHUNK boundaries. On CUDA by default;
 KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
@@ -18,7 +18,6 @@ from gpu_support import KERNEL_DEVICE as DEVICE  # noqa: E402
 from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine import sample_rows, sample_rows_triton  # noqa: E402
-from engine import sample_select_triton as select  # noqa: E402
 from engine.sample_triton import seeded_noise_  # noqa: E402
 from oracle.tolerance import rounding_bound, summation_bound, unit_roundoff  # noqa: E402
 
@@ -64,39 +63,39 @@ def test_softmax_within_its_rounding_and_the_same_alone_as_in_a_batch(width: int
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("with_top_k", [False, True])
-def test_top_k_top_p_keeps_a_suffix_of_the_stable_order_cut_where_float64_cuts_and_the_same_alone(
-    width: int, with_top_k: bool
-) -> None:
-    """The radix select against the sorted row: what it keeps is the stable ascending order from one position on
-    (so exact ties split by index), top-k's cut exact, top-p's where float64 puts it clear of float32's summation
-    error. The last row is one value throughout: a tie group its cut splits across every chunk edge."""
-    x = torch.cat([_rows(width + 1, 4, width), torch.zeros(1, width)])
-    top_p = torch.tensor([0.5, 0.9, 1.0, 0.05, 0.5], dtype=torch.float64)
-    top_k = torch.randint(1, width + 1, (5,), generator=torch.Generator().manual_seed(width)) if with_top_k else None
-    got = select.top_k_top_p(x.to(DEVICE), None if top_k is None else top_k.to(DEVICE), top_p.to(DEVICE)).cpu()
-    values, order = x.sort(dim=-1, stable=True)
-    masked = values
-    if top_k is not None:
-        kth = values.gather(1, (width - top_k).unsqueeze(1))
-        masked = values.masked_fill(values < kth, float("-inf"))
-        assert bool((got[x < kth] == float("-inf")).all()), "top-k's cut is exact"
-    cut = (1.0 - top_p).float().double().unsqueeze(1)
+def test_top_p_removed_count_where_the_cut_is_clear_and_the_same_alone(width: int, with_top_k: bool) -> None:
+    x = _rows(width + 1, 4, width)
+    values, _ = x.sort(dim=-1, stable=True)
+    gen = torch.Generator().manual_seed(width)
+    cut = torch.tensor([0.5, 0.1, 0.0, 0.95])  # the flat row 0 cuts in its second chunk
+    kth = None
+    if with_top_k:
+        k = torch.randint(1, width + 1, (4,), generator=gen)
+        kth = values.gather(1, (width - k).unsqueeze(1)).squeeze(1)
+    got = sample_rows_triton.top_p_removed(values.to(DEVICE), None if kth is None else kth.to(DEVICE), cut.to(DEVICE))
+    masked = values if kth is None else values.masked_fill(values < kth.unsqueeze(1), float("-inf"))
     cumulative = masked.double().softmax(dim=-1).cumsum(dim=-1)[:, :-1]
     slack = summation_bound(torch.ones(()), 2 * width, torch.float32)  # the exact sums against either order's
-    low, high = (cumulative <= cut - slack).sum(dim=-1), (cumulative <= cut + slack).sum(dim=-1)
-    removed = (got == float("-inf")).sum(dim=-1).clamp(max=width - 1)
-    reference = sample_rows.top_k_top_p_filter(x, top_k, top_p)
-    for r in range(x.shape[0]):
-        j = int(removed[r])
-        suffix = sample_rows.keep_from(x[r : r + 1], values[r : r + 1, j], order[r : r + 1, j])[0]
-        assert torch.equal(got[r], suffix), f"row {r}: not the stable order from position {j} on"
-        assert low[r] <= j <= high[r], f"row {r}: {j} removed, outside [{int(low[r])}, {int(high[r])}]"
-        ref_removed = int((reference[r] == float("-inf")).sum().clamp(max=width - 1))
-        assert low[r] <= ref_removed <= high[r], f"row {r}: the torch reference is outside the same band"
-        alone = select.top_k_top_p(x[r : r + 1].to(DEVICE), None if top_k is None else top_k[r : r + 1].to(DEVICE),
-                                   top_p[r : r + 1].to(DEVICE)).cpu()[0]
-        assert torch.equal(alone, got[r]), f"row {r}: alone and in the batch differ"
-    assert int(removed[4]) >= width // 2 - 1, "the flat row's cut lies halfway through its tie group"
+    low = (cumulative <= cut.double().unsqueeze(1) - slack).sum(dim=-1)
+    high = (cumulative <= cut.double().unsqueeze(1) + slack).sum(dim=-1)
+    torch_count = sample_rows.top_p_removed(masked, None, cut)
+    for r in range(4):
+        assert low[r] <= got[r].item() <= high[r], f"row {r}: {got[r].item()} outside [{low[r]}, {high[r]}]"
+        assert low[r] <= torch_count[r] <= high[r], f"row {r}: the torch reference is outside the same band"
+        alone = sample_rows_triton.top_p_removed(values[r : r + 1].to(DEVICE),
+                                                 None if kth is None else kth[r : r + 1].to(DEVICE),
+                                                 cut[r : r + 1].to(DEVICE))
+        assert alone.item() == got[r].item(), f"row {r}: {alone.item()} alone, {got[r].item()} in the batch"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_keep_from_is_the_torch_reference(width: int) -> None:
+    x = _rows(width + 2, 4, width)
+    values, order = x.sort(dim=-1, stable=True)
+    place = torch.tensor([0, width // 2, width - 1, width // 3]).unsqueeze(1)
+    value, index = values.gather(1, place).squeeze(1), order.gather(1, place).squeeze(1)
+    got = sample_rows_triton.keep_from(x.to(DEVICE), value.to(DEVICE), index.to(DEVICE)).cpu()
+    assert torch.equal(got, sample_rows.keep_from(x, value, index))
 
 
 @pytest.mark.parametrize("width", WIDTHS)

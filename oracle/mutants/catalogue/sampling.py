@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -135,20 +134,24 @@ def seed_position_lost() -> contextlib.AbstractContextManager[None]:
     return swap(sample, "step_seed", _step_seed_without_position)
 
 
-@contextlib.contextmanager
-def top_p_tie_rank_per_chunk() -> Iterator[None]:
-    """The CUDA top-p ranks its tied tokens at the threshold within each 4096-token chunk, not the row: the ties in
-    the chunks before are dropped, so a tie group the cut splits across a chunk edge loses the wrong members."""
-    from engine import sample_select_triton
+def _top_p_removed_chunk_carry_dropped(
+    values: torch.Tensor, kth: torch.Tensor | None, cut: torch.Tensor
+) -> torch.Tensor:
+    """engine/sample_rows.top_p_removed with each chunk's cumulative mass starting from 0: the mass of the chunks
+    before it is dropped, so a row whose cut lies past its first chunk removes too many tokens."""
+    from engine import sample_rows_triton
 
-    original = sample_select_triton._thresholds
+    if kth is not None:
+        values = values.masked_fill(values < kth.unsqueeze(1), float("-inf"))
+    chunks = values.softmax(dim=-1).split(sample_rows_triton.CHUNK, dim=-1)
+    restarted = torch.cat([chunk.cumsum(dim=-1) for chunk in chunks], dim=-1)
+    return (restarted[:, :-1] <= cut.unsqueeze(1)).sum(dim=-1)
 
-    def thresholds(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        *keys, before = original(x, top_k, top_p)
-        return (*keys, torch.zeros_like(before))
 
-    with swap(sample_select_triton, "_thresholds", thresholds):
-        yield
+def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
+    from engine import sample_rows_triton
+
+    return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
 
 
 def _seeded_race_chunk_noise(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
