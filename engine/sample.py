@@ -276,16 +276,7 @@ class Sampler(BaseSampler):
         return "draw" if self.draws_with_flashinfer(args) else super()._graph_mode(args)
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn | None:
-        """'seeded' races over the filtered scores in the row passes' seeded_race: bitwise the eager draw's tokens."""
-        if mode == "draw" and self.use_flashinfer:
-            return None
-        if mode != "seeded":
-            return super()._graph_draw_fn(mode, seeds)
-
-        def draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-            return self._row_passes.seeded_race(self.filtered_scores(logits, args), args.min_p, seeds)
-
-        return draw
+        return None if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds)
 
     def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None) -> torch.Tensor:
         """A FlashInfer draw reads the tempered softmax, whose passes also give the greedy argmax and finite rows."""
@@ -340,17 +331,12 @@ class Sampler(BaseSampler):
         renormed = self._fi.top_p_renorm_probs(probs, top_p.clamp(max=1.0))
         return torch.where(off.unsqueeze(1), probs, renormed)
 
-    def filtered_scores(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """float32 [bs, vocab]: logits / temperature, -inf where top-k or top-p removes a token."""
+    def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            return top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
-        if args.top_k is not None:
-            return top_k_filter(scores, args.top_k, args.top_k_max)
-        return scores
-
-    def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        scores = self.filtered_scores(logits, args)
+            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
+        elif args.top_k is not None:
+            scores = top_k_filter(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:
             scores = self._row_passes.min_p_mask(scores, args.min_p)
         return self._row_passes.softmax(scores)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 
 from .device import triton_kernels_run_on
-from .sample_noise import generator_noise_
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -60,17 +59,6 @@ def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
     return scores.masked_fill((scores < value) | ((scores == value) & (cols < index)), float("-inf"))
 
 
-def seeded_race(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
-    """int64 [bs]: the exponential race argmax(p / E) over p = softmax(scores, min-p masked where min_p is given), E
-    each row's Exp(1) noise keyed by seeds[row] (engine/sample_noise.py): a seeded draw after top-k and top-p."""
-    if min_p is not None:
-        scores = min_p_mask(scores, min_p)
-    probs = softmax(scores)
-    noise = torch.empty_like(probs)
-    generator_noise_(noise, torch.arange(probs.shape[0]), seeds)
-    return (probs / noise).argmax(dim=-1)
-
-
 @dataclass(frozen=True)
 class RowPasses:
     softmax: Callable[[torch.Tensor], torch.Tensor]
@@ -79,11 +67,9 @@ class RowPasses:
     tempered_softmax: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     min_p_renorm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     min_p_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    seeded_race: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
-TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask,
-                             seeded_race)
+TORCH_ROW_PASSES = RowPasses(softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask)
 
 
 def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
@@ -110,5 +96,5 @@ def row_passes_for(device: torch.device) -> RowPasses:
         from . import sample_rows_triton as kernels
 
         return RowPasses(kernels.softmax, kernels.top_p_removed, kernels.keep_from, kernels.tempered_softmax,
-                         kernels.min_p_renorm, kernels.min_p_mask, kernels.seeded_race)
+                         kernels.min_p_renorm, kernels.min_p_mask)
     return TORCH_ROW_PASSES

@@ -13,22 +13,17 @@ CHUNK = 4096
 
 
 @triton.jit
-def _max_sum(x):
-    """A chunk's max and its sum of exp(x - max) (0 for a chunk of -inf only)."""
-    m = tl.max(x, axis=0)
-    shift = tl.where(m == float("-inf"), 0.0, m)
-    return m, tl.sum(tl.exp(x - shift), axis=0)
-
-
-@triton.jit
 def _chunk_max_sum_kernel(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK: tl.constexpr):
+    """Per (row, chunk): the chunk's max and its sum of exp(x - max) (0 for a chunk of -inf only)."""
     row = tl.program_id(0)
     c = tl.program_id(1)
     cols = c * CHUNK + tl.arange(0, CHUNK)
-    m, s = _max_sum(tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf")))
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
+    m = tl.max(x, axis=0)
+    shift = tl.where(m == float("-inf"), 0.0, m)
     at = row * tl.num_programs(1) + c
     tl.store(max_ptr + at, m)
-    tl.store(sum_ptr + at, s)
+    tl.store(sum_ptr + at, tl.sum(tl.exp(x - shift), axis=0))
 
 
 @triton.jit
@@ -60,59 +55,12 @@ def _softmax_kernel(x_ptr, out_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHU
 
 
 @triton.jit
-def _min_p_masked(x_ptr, min_p_ptr, max_ptr, sum_ptr, stride, n, CHUNK: tl.constexpr, C_PAD: tl.constexpr):
-    """This program's row, chunk columns, and x there with -inf where its softmax is under min_p x the row's top
-    probability."""
-    row, cols, x, p, top_p = _chunk_softmax(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
-    return row, cols, tl.where(p < tl.load(min_p_ptr + row) * top_p, float("-inf"), x)
-
-
-@triton.jit
 def _min_p_mask_kernel(x_ptr, out_ptr, min_p_ptr, max_ptr, sum_ptr, stride, out_stride, n, CHUNK: tl.constexpr,
                        C_PAD: tl.constexpr):
-    row, cols, x = _min_p_masked(x_ptr, min_p_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
-    tl.store(out_ptr + row * out_stride + cols, x, mask=cols < n)
-
-
-@triton.jit
-def _min_p_stats_kernel(x_ptr, min_p_ptr, max_ptr, sum_ptr, kept_max_ptr, kept_sum_ptr, stride, n,
-                        CHUNK: tl.constexpr, C_PAD: tl.constexpr):
-    """_chunk_max_sum_kernel of what _min_p_mask_kernel writes, without writing it."""
-    row, _, x = _min_p_masked(x_ptr, min_p_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
-    m, s = _max_sum(x)
-    at = row * tl.num_programs(1) + tl.program_id(1)
-    tl.store(kept_max_ptr + at, m)
-    tl.store(kept_sum_ptr + at, s)
-
-
-@triton.jit
-def _race_kernel(x_ptr, min_p_ptr, max_ptr, sum_ptr, kept_max_ptr, kept_sum_ptr, seeds_ptr, best_ptr, arg_ptr,
-                 stride, n, CHUNK: tl.constexpr, C_PAD: tl.constexpr, HAS_MIN_P: tl.constexpr):
-    """Per (row, chunk): the largest p / E and its first index, p the softmax of x (min-p masked) by
-    _softmax_kernel's formula and E the Exp(1) noise of the row's seed by engine/sample_triton.py's."""
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    chunks = tl.num_programs(1)
-    if HAS_MIN_P:
-        _, cols, x = _min_p_masked(x_ptr, min_p_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
-    else:
-        cols = c * CHUNK + tl.arange(0, CHUNK)
-        x = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf"))
-    top, total = _row_max_sum(kept_max_ptr, kept_sum_ptr, row, chunks, C_PAD)
-    noise = tl.maximum(-tl.log(tl.rand(tl.load(seeds_ptr + row), cols)), 1.1754943508222875e-38)
-    ratio = tl.where(cols < n, tl.math.div_rn(tl.exp(x - top) / total, noise), -1.0)  # torch's p / E: IEEE
-    tl.store(best_ptr + row * chunks + c, tl.max(ratio, axis=0))
-    tl.store(arg_ptr + row * chunks + c, c * CHUNK + tl.argmax(ratio, axis=0, tie_break_left=True))
-
-
-@triton.jit
-def _first_best_kernel(best_ptr, arg_ptr, out_ptr, chunks, C_PAD: tl.constexpr):
-    """Per row: the first index of its largest value, from its chunks' (largest, first index) pairs."""
-    row = tl.program_id(0)
-    k = tl.arange(0, C_PAD)
-    best = tl.load(best_ptr + row * chunks + k, mask=k < chunks, other=-1.0)
-    first = tl.min(tl.where((k < chunks) & (best == tl.max(best, axis=0)), k, C_PAD), axis=0)
-    tl.store(out_ptr + row, tl.load(arg_ptr + row * chunks + first))
+    """x with -inf where its softmax is under min_p x the row's top probability."""
+    row, cols, x, p, top_p = _chunk_softmax(x_ptr, max_ptr, sum_ptr, stride, n, CHUNK, C_PAD)
+    dropped = p < tl.load(min_p_ptr + row) * top_p
+    tl.store(out_ptr + row * out_stride + cols, tl.where(dropped, float("-inf"), x), mask=cols < n)
 
 
 @triton.jit
@@ -308,23 +256,3 @@ def min_p_mask(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     _min_p_mask_kernel[grid](scores, out, min_p.contiguous(), maxes, sums, scores.stride(0), out.stride(0),
                              scores.shape[1], CHUNK=CHUNK, C_PAD=triton.next_power_of_2(grid[1]))
     return out
-
-
-def seeded_race(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
-    """sample_rows.seeded_race in one pass over the row (two with min-p) after its stats: bitwise the same tokens."""
-    grid, maxes, sums = _chunk_stats(scores)
-    c_pad = triton.next_power_of_2(grid[1])
-    kept_max, kept_sum = maxes, sums
-    if min_p is not None:
-        min_p = min_p.contiguous()
-        kept_max, kept_sum = torch.empty_like(maxes), torch.empty_like(sums)
-        _min_p_stats_kernel[grid](scores, min_p, maxes, sums, kept_max, kept_sum, scores.stride(0), scores.shape[1],
-                                  CHUNK=CHUNK, C_PAD=c_pad)
-    best = torch.empty_like(maxes)
-    args = torch.empty(grid, dtype=torch.int64, device=scores.device)
-    _race_kernel[grid](scores, maxes if min_p is None else min_p, maxes, sums, kept_max, kept_sum, seeds.contiguous(),
-                       best, args, scores.stride(0), scores.shape[1], CHUNK=CHUNK, C_PAD=c_pad,
-                       HAS_MIN_P=min_p is not None)
-    tokens = torch.empty(grid[0], dtype=torch.int64, device=scores.device)
-    _first_best_kernel[(grid[0],)](best, args, tokens, grid[1], C_PAD=c_pad)
-    return tokens

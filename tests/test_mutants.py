@@ -68,7 +68,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
-    "top_p_chunk_carry_dropped", "seeded_race_chunk_noise", "tempered_argmax_last_tie",
+    "top_p_chunk_carry_dropped", "tempered_argmax_last_tie",
 }
 
 
@@ -125,7 +125,7 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     # Every CUDA target copies its host tokens, draws seeded noise and runs the sampler's row passes with Triton;
     # nothing else of the CUDA mutants runs on the torch one.
     assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == [
-        "seeded_noise_by_row", "top_p_chunk_carry_dropped", "seeded_race_chunk_noise", "host_copy_unwaited"
+        "seeded_noise_by_row", "top_p_chunk_carry_dropped", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     invariant = ["linear_rows_by_count", "attention_decode_padded", "norm_reduction_by_block_count"]  # its own code

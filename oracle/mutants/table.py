@@ -245,15 +245,6 @@ MUTANTS: dict[str, Mutant] = {
             device="cuda",
         ),
         Mutant(
-            "seeded_race_chunk_noise",
-            "the fused CUDA race of a captured seeded draw takes each chunk's Philox numbers at offsets from the "
-            "chunk's start, not the row's: every 4096-token chunk of a row races with the same noise",
-            "intel/torch-xpu-ops#5128 (Philox streams replayed across work items), AMReX-Codes/amrex#5662 "
-            "(per-work-item Philox engines one element apart: correlated draws)",
-            sampling.seeded_race_chunk_noise,
-            device="cuda",
-        ),
-        Mutant(
             "tempered_argmax_last_tie",
             "the CUDA row pass that gives a FlashInfer-drawn batch its tempered softmax and greedy argmax takes the "
             "last of a row's tied maxima: a greedy row beside sampled ones no longer gets HF's first argmax",

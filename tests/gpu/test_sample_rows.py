@@ -1,7 +1,6 @@
 """The sampler's Triton row passes (engine/sample_rows_triton.py) against the torch reference of engine/sample_rows.py
 and float64: softmax within its rounding, top-p's removed count wherever float64 puts the cut clear of float32's
-summation error, keep_from exactly, the fused seeded race bitwise the unfused passes, and each row's bits the same alone
-and in a batch (the seeded contract).
+summation error, keep_from exactly, and each row's bits the same alone and in a batch (the seeded contract).
 
 Rows mix ties, -inf entries, a top-k cut and widths on both sides of the CHUNK boundaries. On CUDA by default;
 KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
@@ -18,7 +17,6 @@ from gpu_support import KERNEL_DEVICE as DEVICE  # noqa: E402
 from gpu_support import needs_kernel_device  # noqa: E402
 
 from engine import sample_rows, sample_rows_triton  # noqa: E402
-from engine.sample_triton import seeded_noise_  # noqa: E402
 from oracle.tolerance import rounding_bound, summation_bound, unit_roundoff  # noqa: E402
 
 pytestmark = needs_kernel_device
@@ -96,24 +94,6 @@ def test_keep_from_is_the_torch_reference(width: int) -> None:
     value, index = values.gather(1, place).squeeze(1), order.gather(1, place).squeeze(1)
     got = sample_rows_triton.keep_from(x.to(DEVICE), value.to(DEVICE), index.to(DEVICE)).cpu()
     assert torch.equal(got, sample_rows.keep_from(x, value, index))
-
-
-@pytest.mark.parametrize("width", WIDTHS)
-def test_seeded_race_is_the_race_over_the_softmax_and_the_seeded_noise_bitwise(width: int) -> None:
-    """The fused race of a captured seeded draw picks the token argmax(softmax / noise) picks from the unfused passes
-    and the seeded noise kernel, with and without min-p: 8 seeds on each of 4 rows, alone as in the batch."""
-    x = _rows(width + 6, 4, width).repeat(8, 1).to(DEVICE)
-    seeds = torch.arange(32, dtype=torch.int64, device=DEVICE) * 7919 + (1 << 40)
-    for min_p in (None, torch.tensor([0.3, 0.05, 0.0, 0.001] * 8, device=DEVICE)):
-        got = sample_rows_triton.seeded_race(x, min_p, seeds)
-        probs = sample_rows_triton.softmax(x if min_p is None else sample_rows_triton.min_p_mask(x, min_p))
-        noise = torch.empty_like(probs)
-        seeded_noise_(noise, torch.arange(32, device=DEVICE), seeds)
-        assert torch.equal(got, (probs / noise).argmax(dim=-1)), f"min_p {min_p is not None}"
-        for r in (0, 13, 31):
-            alone = sample_rows_triton.seeded_race(x[r : r + 1], None if min_p is None else min_p[r : r + 1],
-                                                   seeds[r : r + 1])
-            assert alone.item() == got[r].item(), f"row {r}: alone and in the batch differ"
 
 
 def _bad_rows(width: int) -> torch.Tensor:

@@ -154,26 +154,6 @@ def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
     return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
 
 
-def _seeded_race_chunk_noise(scores: torch.Tensor, min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
-    """engine/sample_rows_triton.seeded_race with each chunk's noise drawn at offsets from the chunk's start, not the
-    row's: every 4096-token chunk of a row races with the same numbers."""
-    from engine import sample_rows_triton, sample_triton
-
-    if min_p is not None:
-        scores = sample_rows_triton.min_p_mask(scores, min_p)
-    probs = sample_rows_triton.softmax(scores)
-    first = torch.empty(scores.shape[0], sample_rows_triton.CHUNK, device=scores.device)
-    sample_triton.seeded_noise_(first, torch.arange(scores.shape[0], device=scores.device), seeds)
-    chunks = -(-scores.shape[1] // sample_rows_triton.CHUNK)
-    return (probs / first.repeat(1, chunks)[:, : scores.shape[1]]).argmax(dim=-1)
-
-
-def seeded_race_chunk_noise() -> contextlib.AbstractContextManager[None]:
-    from engine import sample_rows_triton
-
-    return swap(sample_rows_triton, "seeded_race", _seeded_race_chunk_noise)
-
-
 def _tempered_softmax_last_tie(
     logits: torch.Tensor, temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
