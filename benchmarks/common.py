@@ -11,7 +11,7 @@ import inspect
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,12 +269,29 @@ class StepProfile:
 TOP_KERNELS = 15
 
 
-def _top_kernels(kernels: list[Any], steps: int) -> list[dict[str, Any]]:
+def _ranked(charged: Iterable[tuple[str, float]], steps: int) -> list[dict[str, Any]]:
+    """The TOP_KERNELS names with the most µs charged: name, calls per step and µs per step."""
     by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name[:120], []).append(e.time_range.elapsed_us())
+    for name, us in charged:
+        by_name.setdefault(name[:120], []).append(us)
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
     return [{"name": n, "per_step": len(t) / steps, "us_per_step": sum(t) / steps} for n, t in ranked]
+
+
+def _top_kernels(kernels: list[Any], steps: int) -> list[dict[str, Any]]:
+    return _ranked(((e.name, e.time_range.elapsed_us()) for e in kernels), steps)
+
+
+def critical_path(spans: Iterable[tuple[str, float, float]], steps: int) -> list[dict[str, Any]]:
+    """Kernels ranked by the device wall time they add: each (name, start µs, end µs), in start order, is charged its
+    end minus the latest end before it (none below zero). Time it overlaps the kernel before (programmatic dependent
+    launch) counts once, and an idle gap before it (a launch's latency) counts to it, so the charges sum to the span
+    from the first start to the last end."""
+    charged, last = [], None
+    for name, start, end in sorted(spans, key=lambda span: span[1]):
+        charged.append((name, end - start if last is None else max(0.0, end - last)))
+        last = end if last is None else max(last, end)
+    return _ranked(charged, steps)
 
 
 def profile_steps(step: Callable[[], object], device: torch.device, steps: int) -> tuple[StepProfile, Any]:
@@ -313,6 +330,23 @@ def graph_device_ms(engine: Engine, bs: int, mode: str = "greedy", reps: int = 5
         end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def graph_critical_path(engine: Engine, bs: int, mode: str = "greedy", reps: int = 10) -> list[dict[str, Any]]:
+    """critical_path of the graph captured for bs in `mode`, replayed back to back under torch.profiler (empty
+    without that graph): where the step's device time goes when kernels overlap."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = engine.graph_runner.graphs.get(mode, {}).get(bs)
+    if graph is None or not isinstance(engine.device.stream, torch.cuda.Stream):
+        return []
+    with torch.cuda.stream(engine.device.stream), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return critical_path(spans, reps)
 
 
 # ---- samplers -----------------------------------------------------------------------------------------------------

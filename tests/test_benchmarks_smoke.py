@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import model_for
+from benchmarks.common import critical_path, model_for
 from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
 from benchmarks.compare.sampling import GREEDY, MIXED, MODES, SEEDED, request_params
 from oracle.target import parse
@@ -74,7 +74,7 @@ def test_sampled_rows_their_ratios_and_the_step_profile(tiny_models: dict[str, P
     assert profiled == [(1, GREEDY, ENGINE_EAGER)] + [(2, mode, label) for mode, label in zip(MODES, labels)]
     for p in grid["profile"]:  # no device kernels on CPU
         assert p["kernels_per_step"] is None and p["device_ms_per_step"] is None and p["host_ms_per_step"] > 0
-        assert p["graph_ms_per_step"] is None
+        assert p["graph_ms_per_step"] is None and p["critical_kernels"] == []
     with pytest.raises(SystemExit):
         main([*args, "--sampling", "greedy,beam"])
 
@@ -126,3 +126,12 @@ def test_profile_step_reports_every_phase_and_restores_the_engine(tiny_models: d
 
     assert engine_module.pack_inputs is pack_inputs, "the phase timers were not removed"
     assert engine_module.ForwardOutput.wait.__name__ == "wait", "the timer on a class method was not removed"
+
+
+def test_critical_path_charges_each_kernel_the_device_time_it_adds() -> None:
+    # Two steps: b overlaps a (PDL) and adds 2 µs; c starts after a 1 µs launch gap; d lies inside c and adds nothing.
+    step = [("a", 0.0, 5.0), ("b", 3.0, 7.0), ("c", 8.0, 12.0), ("d", 9.0, 11.0)]
+    spans = step + [(n, s + 20.0, e + 20.0) for n, s, e in step]
+    got = {k["name"]: (k["per_step"], k["us_per_step"]) for k in critical_path(reversed(spans), steps=2)}
+    assert got == {"a": (1.0, 5.0 + 8.0 / 2), "b": (1.0, 2.0), "c": (1.0, 5.0), "d": (1.0, 0.0)}
+    assert sum(us for _, us in got.values()) * 2 == 32.0  # the span from the first start to the last end

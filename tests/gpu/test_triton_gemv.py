@@ -26,9 +26,11 @@ from oracle.tolerance import KERNEL_ULPS, dot_bound, rounding_bound  # noqa: E40
 
 pytestmark = needs_kernel_device
 
-# (rows, N, K): one K block (24, 1024) and several (1500 and 2500 off the block, 4096 on it), N tails (50, 1030:
-# BLOCK_N 1 and 4), and narrowing products up to GEMV_MAX_ROWS rows.
-CASES = [(1, 50, 24), (1, 1030, 1024), (1, 40, 1500), (1, 33, 4096), (3, 24, 50), (8, 30, 2500), (8, 96, 2048)]
+# (rows, N, K): one K block (24, 1024; at one row a whole weight row up to 16384 values a program: 1500 off the
+# block, 4096 on it) and several (8192 at one row, 2500 and 2048 at 8 rows), N tails (50, 1030: BLOCK_N 1 and 4), and
+# narrowing products up to GEMV_MAX_ROWS rows.
+CASES = [(1, 50, 24), (1, 1030, 1024), (1, 40, 1500), (1, 33, 4096), (1, 1030, 8192), (3, 24, 50), (8, 30, 2500),
+         (8, 96, 2048)]
 
 
 def _case(rows: int, n: int, k: int, residual: bool, bias: bool, seed: int) -> tuple[torch.Tensor, ...]:
