@@ -3,8 +3,8 @@
 target (sm_90 unless --arch says otherwise; programmatic dependent launch on, as on Hopper) by the triton wheel's own
 compiler and ptxas, and nothing runs. The tests' assertions then see unwritten outputs, so only compile errors count:
 the interpreter accepts code the compiler refuses (an int argument equal to 1 made a constant, a dot under 16 rows).
-The report names every kernel compiled; kernels whose tests need CUDA itself (the step's slot kernels, the sampler's
-argmax and noise, SiLU-and-mul, the page ids) are not reached. Needs triton with its NVIDIA backend.
+The report names every kernel compiled; kernels whose tests need CUDA itself (the seeded noise, SiLU-and-mul) are
+not reached. Needs triton with its NVIDIA backend.
 Run: ``python tools/sm90_compile.py [pytest args, default tests/gpu]``.
 """
 

@@ -8,23 +8,17 @@ kernel set: same greedy tokens, close logits.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 from gpu_support import TOL, generate, gpu_engine, needs_cuda, random_prompt
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from engine.layers.kernels import LAYER_KERNELS, TORCH_KERNELS, LayerKernels
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.config import RopeConfig
 from engine.registry import Where
-from engine.step.kernels import STEP_KERNELS, TORCH_STEP_KERNELS
-from engine.step.slots import SlotQuery
-from engine.validate import Limits
 from oracle.checks import compare_greedy
 from oracle.target import Target
 from oracle.tolerance import KERNEL_ULPS, dot_bound, rounding_bound
@@ -190,137 +184,3 @@ def test_engine_kernels_agree(gpu_target: Target, wide_models: dict[str, Path]) 
     assert float((ref.logits[0] - got.logits[0]).abs().max()) <= 0.06 * scale
     failure = compare_greedy(got.output_ids, got.logits, ref.output_ids, ref.logits, TOL).failure
     assert failure is None, f"triton vs torch kernels: {failure}"
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    page_size=st.sampled_from((1, 2, 4, 16)),
-    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 39)), min_size=1, max_size=5),
-    live=st.lists(st.integers(1, 40), max_size=3),
-    faults=st.lists(st.tuples(st.sampled_from(["out", "negative", "alias", "twice", "offset"]), st.integers(0, 10**6)),
-                    max_size=2),
-    seed=st.integers(0, 2**32 - 1),
-    pads=st.integers(0, 2),
-)
-def test_the_triton_slot_check_is_the_torch_one(
-    page_size: int, lengths: list[tuple[int, int]], live: list[int], faults: list[tuple[str, int]], seed: int,
-    pads: int,
-) -> None:
-    """Random batches over a shuffled, page-structured page table, with faults that must be refused (slots out
-    of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset), padded as a
-    graph pads them (requests of device_len 0 on the dummy row): the same out_loc for every new token, the same
-    rows to read and the same verdict as engine/step/slots.py's torch reference."""
-    rnd = random.Random(seed)
-    num_pages, width = 64, 48
-    limits = Limits(max_rows=8, max_seq_len=width, vocab=512, num_slots=num_pages * page_size, page_size=page_size)
-    table = torch.zeros(9, width, dtype=torch.int32)
-    free = list(range(num_pages))
-    rnd.shuffle(free)
-    reqs = [(device_len, min(cached, device_len - 1)) for device_len, cached in lengths]
-    if pads:  # a graph's layout: decode, one token per request
-        reqs = [(device_len, device_len - 1) for device_len, _ in reqs]
-    rows = list(range(len(reqs) + len(live)))
-    for row, n in zip(rows, [d for d, _ in reqs] + live):
-        for start in range(0, n, page_size):
-            if not free:
-                return
-            page = free.pop()
-            table[row, start : start + page_size] = page * page_size + torch.arange(page_size)[: width - start]
-    for kind, pick in faults:
-        r = pick % len(reqs)
-        device_len, cached = reqs[r]
-        col = cached + pick % (device_len - cached)  # a written column
-        if kind == "out":
-            table[r, pick % device_len] = limits.num_slots + pick % 7
-        elif kind == "negative":
-            table[r, pick % device_len] = -1 - pick % 5
-        elif kind == "alias" and (cached or live):
-            src = (len(reqs), pick % live[0]) if live and pick % 2 else (r, pick % max(cached, 1))
-            table[r, col] = table[src]
-        elif kind == "twice" and len(reqs) > 1:
-            other = (r + 1) % len(reqs)
-            table[r, col] = table[other, reqs[other][1]]
-        elif kind == "offset" and page_size > 1:
-            table[r, col] = table[r, col] + 1
-    device = torch.device("cuda")
-    extend = [d - c for d, c in reqs]
-    starts = [0]
-    for e in extend[:-1]:
-        starts.append(starts[-1] + e)
-    token_req = torch.repeat_interleave(torch.arange(len(reqs)), torch.tensor(extend))
-    positions = torch.cat([torch.arange(c, d) for d, c in reqs])
-    table[limits.max_rows] = limits.num_slots + torch.arange(width) % page_size  # the dummy row
-    n = len(reqs)
-    starts += list(range(sum(extend), sum(extend) + pads))
-    token_req = torch.cat([token_req, torch.arange(n, n + pads)])
-    positions = torch.cat([positions, torch.zeros(pads, dtype=torch.int64)])
-    reqs += [(0, 0)] * pads
-    rows = rows[:n] + [limits.max_rows] * pads + rows[n:]
-
-    def dev(values: list[int] | torch.Tensor) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.int64).to(device)
-
-    query = SlotQuery(
-        dev(rows[: len(reqs)]), dev([c for _, c in reqs]), dev([d for d, _ in reqs]), dev(starts), dev(token_req),
-        dev(positions), dev(rows[len(reqs):]), dev(live), max(d for d, _ in reqs), max(live, default=0),
-    )
-    table = table.to(device)
-    want_loc, want_rows, want = TORCH_STEP_KERNELS.slot_check(table, query, limits, pads > 0)
-    got_loc, got_rows, got = STEP_KERNELS.factory("triton")().slot_check(table, query, limits, pads > 0)
-    assert bool(got) == bool(want)
-    assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
-    assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    bs=st.integers(1, 9),
-    vocab=st.sampled_from((7, 2048, 4097, 151936)),
-    specials=st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["nan", "+inf", "-inf row", "tie"]),
-                                st.integers(0, 10**6)), max_size=3),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_greedy_step_is_the_torch_one(bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int) -> None:
-    """A captured step's greedy tokens, last tokens and payload: the same as engine/sample.py's greedy_tokens and
-    keep_tokens, with rows of NaN, +inf, all -inf (-1, kept as 0) and exact ties at the maximum (first index)."""
-    logits = torch.randn(bs, vocab, generator=_gen(seed), device="cuda")
-    for row, kind, pick in specials:
-        row %= bs
-        if kind == "nan":
-            logits[row, pick % vocab] = float("nan")
-        elif kind == "+inf":
-            logits[row, pick % vocab] = float("inf")
-        elif kind == "-inf row":
-            logits[row] = float("-inf")
-        else:
-            top = logits[row].max() + 1
-            logits[row, pick % vocab] = top
-            logits[row, (pick * 7 + 1) % vocab] = top
-    rows = torch.randperm(12, generator=torch.Generator().manual_seed(seed))[:bs].cuda()
-    flags = torch.tensor([seed % 2 == 0], device="cuda")
-    last = torch.arange(100, 112, dtype=torch.int32, device="cuda")
-    want_last, got_last = last.clone(), last.clone()
-    want = TORCH_STEP_KERNELS.greedy_step(logits, want_last, rows, flags)
-    got = STEP_KERNELS.factory("triton")().greedy_step(logits, got_last, rows, flags)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got_last, want_last)
-
-
-@pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_graph_page_ids_in_one_launch(page_size: int) -> None:
-    """attention/page_ids.py's page_ids writes what flashinfer_backend.graph_page_ids (its torch statement) writes."""
-    from engine.attention.flashinfer_backend import graph_page_ids
-    from engine.attention.page_ids import page_ids
-
-    width, bs = 96, 5
-    table = torch.randint(0, 4000, (bs + 2, width), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
-    pages = torch.tensor([1, 0, 24, 7, 3])[:bs] if page_size == 4 else torch.tensor([1, 0, 6, 2, 3])
-    pages = pages.clamp(max=-(-width // page_size))
-    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32).cuda()
-    rows = torch.tensor([6, 0, 3, 2, 5]).cuda()
-    max_pages = -(-width // page_size)
-    want = torch.full((bs * max_pages + 1,), -7, dtype=torch.int32, device="cuda")
-    got = want.clone()
-    table = table.cuda()
-    graph_page_ids(table, rows, indptr, torch.arange(max_pages, device="cuda"), page_size, want)
-    page_ids(table, rows, indptr, max_pages, page_size, got)
-    assert torch.equal(got[:-1], want[:-1])
