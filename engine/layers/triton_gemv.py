@@ -148,9 +148,10 @@ def gemv_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     block_n = max(1, min(4, triton.next_power_of_2(max(1, n // 256))))
     row = triton.next_power_of_2(k)
     if m == 1 and row * block_n <= 16384:  # one tile a program: all its weights stream in before it waits (PDL)
-        return block_m, block_n, row, 8 if row * block_n > 8192 else (2 if k <= 1024 else 4)
-    block_k = min(row, 2048 if k % 2048 == 0 else 1024, 8192 // (block_m * block_n))
-    return block_m, block_n, block_k, 2 if k <= 1024 and m == 1 else 4
+        block_k = row
+    else:
+        block_k = min(row, 2048 if k % 2048 == 0 else 1024, 8192 // (block_m * block_n))
+    return block_m, block_n, block_k, 8 if block_k * block_n > 8192 else (2 if k <= 1024 and m == 1 else 4)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
