@@ -40,6 +40,10 @@ class CompileOnlyDriver:
         return self.target
 
 
+def _pdl_always(x: Any) -> bool:
+    return True
+
+
 class CompilePlugin:
     """Swaps the launch for a compile (warmup) and records, per kernel, its compiled specializations and errors."""
 
@@ -49,6 +53,7 @@ class CompilePlugin:
         self.errors: dict[str, list[str]] = defaultdict(list)
         self._run = JITFunction.run
         self._active = driver._active  # None until first asked for: asking would fail without a GPU
+        self._pdl_on: dict[Any, Any] = {}  # engine module -> the pdl_on it had
 
     def pytest_configure(self, config: pytest.Config) -> None:
         driver.set_active(CompileOnlyDriver(GPUTarget("cuda", self.arch, 32)))
@@ -73,15 +78,18 @@ class CompilePlugin:
     def _enable_pdl(self) -> None:
         from engine.layers import triton_pdl
 
-        original = getattr(triton_pdl, "_original_pdl_on", triton_pdl.pdl_on)
-        triton_pdl._original_pdl_on = original  # type: ignore[attr-defined]
+        original = self._pdl_on.get(triton_pdl, triton_pdl.pdl_on)
         for name, module in list(sys.modules.items()):
-            if name.split(".")[0] == "engine" and vars(module).get("pdl_on") is original:
-                module.pdl_on = lambda x: True  # type: ignore[attr-defined]
+            # A module imported after the first patch bound the patch itself: it is restored too.
+            if name.split(".")[0] == "engine" and vars(module).get("pdl_on") in (original, _pdl_always):
+                self._pdl_on[module] = original
+                module.pdl_on = _pdl_always  # type: ignore[attr-defined]
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         JITFunction.run = self._run  # type: ignore[method-assign]
         driver._active = self._active
+        for module, pdl_on in self._pdl_on.items():
+            module.pdl_on = pdl_on
 
     def report(self) -> int:
         for name in sorted(set(self.compiled) | set(self.errors)):
