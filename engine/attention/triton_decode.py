@@ -1,9 +1,13 @@
 """Paged decode attention in Triton through the token-granular page table: rows, lengths and the split-KV split are
-read on the device, so a graph replays it with no host planning. float32 throughout; the output rounded once. One
-launch, under programmatic dependent launch: the last split of a (request, kv head) to finish merges its splits.
+read on the device, so a graph replays it with no host planning. The products are dots of a kv head's query rows
+(padded to a dot's 16) with 64-token tiles; for 16-bit K/V they run on tensor cores, the probabilities rounded to
+V's dtype as FlashInfer does (`tensor_core_products`), else in float32; the rest is float32, the output rounded
+once. One launch, under programmatic dependent launch: the last split of a (request, kv head) to finish merges them.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -13,7 +17,7 @@ from ..layers.triton_pdl import pdl_on, pdl_release, pdl_wait
 
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 64
-TILE_VALUES = 8192  # fp32 values of one [group, tokens, head_dim] product tile
+NUM_WARPS = 4  # with block_n's tiles, the fastest B 1 configuration measured (RESULTS.md, eighth part)
 
 
 @triton.jit
@@ -21,7 +25,7 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, lens_ptr, out_ptr, lse_ptr, stride_qb, stride_qh, stride_qd,
     stride_ks, stride_kh, stride_vs, stride_vh, stride_table, scale, merged_ptr, arrivals_ptr,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr,
+    SPLIT: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr, TC: tl.constexpr,
 ):
     """One (request, kv head, split): all GROUP query heads over the split's tokens; SPLIT: the last split of a
     (request, kv head) to finish merges them all."""
@@ -43,7 +47,9 @@ def _decode_kernel(
     heads = kv_head * GROUP + g
     g_mask = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :] * stride_qd,
-                mask=g_mask[:, None], other=0.0).to(tl.float32)
+                mask=g_mask[:, None], other=0.0)
+    if not TC:
+        q = q.to(tl.float32)
     # Finite, so an all-masked row gives exp(-inf) = 0, never NaN.
     m = tl.full([G_PAD], -1.0e30, tl.float32)
     total = tl.zeros([G_PAD], tl.float32)
@@ -57,13 +63,19 @@ def _decode_kernel(
         slots = tl.load(table_ptr + row * stride_table + tokens, mask=t_mask, other=0).to(tl.int64)
         k = tl.load(k_base + slots[:, None] * stride_ks + d[None, :], mask=t_mask[:, None], other=0.0)
         v = tl.load(v_base + slots[:, None] * stride_vs + d[None, :], mask=t_mask[:, None], other=0.0)
-        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        if TC:  # exact 16-bit products, summed in float32
+            s = tl.dot(q, tl.trans(k)) * scale
+        else:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         total = total * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        if TC:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         m = m_new
         start += BLOCK_N
 
@@ -101,15 +113,15 @@ def _merge_splits(parts_ptr, lse_ptr, out_ptr, first_rows, out_rows, g_mask, num
 
 
 def block_n(group: int, head_dim: int) -> int:
-    per_token = triton.next_power_of_2(group) * head_dim
-    return max(16, min(64, triton.next_power_of_2(TILE_VALUES // per_token + 1) // 2))
+    """Tokens per tile: 64 (faster at B 1 than 16, 32 or 128, RESULTS.md eighth part), 32 past head_dim 128."""
+    return 64 if head_dim <= 128 else 32
 
 
-def _num_warps(tile: int, head_dim: int) -> int:
-    """Chosen by measurement (RESULTS.md)."""
-    if tile > TILE_VALUES:
-        return 8
-    return 2 if head_dim >= 128 else 4
+def tensor_core_products(q: torch.Tensor, k_slots: torch.Tensor) -> bool:
+    """Whether q k^T and P V run on tensor cores (16-bit q and K/V of one dtype, P rounded to it); never in Triton's
+    interpreter, whose 16-bit dot is wrong."""
+    same_16_bit = q.dtype in (torch.bfloat16, torch.float16) and k_slots.dtype == q.dtype
+    return same_16_bit and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def choose_splits(bs: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
@@ -130,7 +142,7 @@ def paged_decode(
     assert num_q_heads % num_kv_heads == 0 and num_splits >= 1
     assert k_slots.stride(2) == 1 and v_slots.stride(2) == 1 and page_table.stride(1) == 1
     group = num_q_heads // num_kv_heads
-    g_pad = triton.next_power_of_2(group)
+    g_pad = max(16, triton.next_power_of_2(group))  # a dot's fewest rows
     tokens = block_n(group, head_dim)
     out = torch.empty(bs, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     parts, lse = out, out  # one split: the output, and no log-sum-exp
@@ -146,6 +158,6 @@ def paged_decode(
         k_slots.stride(0), k_slots.stride(1), v_slots.stride(0), v_slots.stride(1), page_table.stride(0), scale,
         out, out if arrivals is None else arrivals, GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_N=tokens,
         SPLIT=num_splits > 1, S_PAD=triton.next_power_of_2(num_splits), PDL=pdl, launch_pdl=pdl,
-        num_warps=_num_warps(g_pad * tokens * head_dim, head_dim),
+        TC=tensor_core_products(q, k_slots), num_warps=NUM_WARPS,
     )
     return out

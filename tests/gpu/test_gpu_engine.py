@@ -10,6 +10,7 @@ import torch
 from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
 from engine import Batch, Engine, EngineConfig, ForwardOutput, Req, SamplingParams
+from engine.attention.hybrid import HybridAttnBackend
 from engine.kvcache import KVCachePool
 from engine.layers.linear import Linear, MergedLinear
 from oracle.drive import hand_passes
@@ -19,15 +20,15 @@ pytestmark = needs_cuda
 
 
 def test_auto_picks_cuda_bf16_and_the_right_backend(tiny_models: dict[str, Path], wide_models: dict[str, Path]) -> None:
-    # The zoo's tiny models have head_dim 16, below FlashInfer's kernels: auto falls back to torch on CUDA.
-    tiny = Engine(EngineConfig(str(tiny_models["llama"]), num_page_override=16, max_running_req=2))
-    assert tiny.device.torch_device == torch.device("cuda", 0) and tiny.dtype == torch.bfloat16
-    assert tiny.attn_backend.name == "torch" and not tiny.graph_runner.enabled
-    tiny.shutdown()
-    wide = Engine(EngineConfig(str(wide_models["llama"]), num_page_override=16, max_running_req=2))
-    expected = "flashinfer" if HAS_FLASHINFER else "torch"
-    assert wide.attn_backend.name == expected and wide.graph_runner.enabled == HAS_FLASHINFER
-    wide.shutdown()
+    # auto takes the triton hybrid: bs-1 decode on Triton, the rest on FlashInfer where it serves (head_dim 64 and
+    # the package), else every decode on Triton and the rest on torch; graphs either way.
+    for models, rest in ((tiny_models, "torch"), (wide_models, "flashinfer" if HAS_FLASHINFER else "torch")):
+        engine = Engine(EngineConfig(str(models["llama"]), num_page_override=16, max_running_req=2))
+        assert engine.device.torch_device == torch.device("cuda", 0) and engine.dtype == torch.bfloat16
+        backend = engine.attn_backend
+        assert isinstance(backend, HybridAttnBackend) and backend.name == "triton" and engine.graph_runner.enabled
+        assert backend.rest.name == rest and backend.decode_max_bs == (None if rest == "torch" else 1)
+        engine.shutdown()
 
 
 def test_forward_runs_on_its_own_stream_with_a_real_event(gpu_target: Target, wide_models: dict[str, Path]) -> None:
