@@ -282,16 +282,51 @@ def _top_kernels(kernels: list[Any], steps: int) -> list[dict[str, Any]]:
     return _ranked(((e.name, e.time_range.elapsed_us()) for e in kernels), steps)
 
 
-def critical_path(spans: Iterable[tuple[str, float, float]], steps: int) -> list[dict[str, Any]]:
-    """Kernels ranked by the device wall time they add: each (name, start µs, end µs), in start order, is charged its
-    end minus the latest end before it (none below zero). Time it overlaps the kernel before (programmatic dependent
-    launch) counts once, and an idle gap before it (a launch's latency) counts to it, so the charges sum to the span
-    from the first start to the last end."""
-    charged, last = [], None
+def _charges(spans: Iterable[tuple[str, float, float]]) -> list[tuple[str, float]]:
+    """Each (name, start µs, end µs), in start order, charged its end minus the latest end before it (none below
+    zero): time it overlaps the kernel before (programmatic dependent launch) counts once, and an idle gap before it
+    (a launch's latency) counts to it, so the charges sum to the span from the first start to the last end."""
+    charged: list[tuple[str, float]] = []
+    last = None
     for name, start, end in sorted(spans, key=lambda span: span[1]):
-        charged.append((name, end - start if last is None else max(0.0, end - last)))
+        charged.append((name[:120], end - start if last is None else max(0.0, end - last)))
         last = end if last is None else max(last, end)
-    return _ranked(charged, steps)
+    return charged
+
+
+def critical_path(spans: Iterable[tuple[str, float, float]], steps: int) -> list[dict[str, Any]]:
+    """Kernels ranked by the device wall time they add (_charges)."""
+    return _ranked(_charges(spans), steps)
+
+
+def layer_critical_path(spans: Iterable[tuple[str, float, float]], steps: int, layers: int) -> list[dict[str, Any]]:
+    """One decoder layer's kernels in launch order, each with the µs it adds (_charges) averaged over the layers of
+    every step but the first and last of them (whose neighbours are the embedding and the LM head): the layer is the
+    longest run of kernel names repeated `layers` times back to back in a step (or `layers` - 1 or - 2 times, where the
+    outer layers launch other kernels). Empty if no such run is found."""
+    charged = _charges(spans)
+    per_step = len(charged) // steps
+    names = [name for name, _ in charged[:per_step]]
+    for repeats in range(layers, max(0, layers - 3), -1):
+        for length in range(per_step // max(repeats, 1), 0, -1):
+            starts = [
+                first for first in range(per_step - repeats * length + 1)
+                if all(names[first + r * length : first + (r + 1) * length] == names[first : first + length]
+                       for r in range(1, repeats))
+            ]
+            if starts:
+                # Of the run's rotations, the one led by the step's first kernel of the run's kinds.
+                kinds = set(names[starts[0] : starts[0] + length])
+                lead = next(name for name in names if name in kinds)
+                first = next((f for f in starts if names[f] == lead), starts[0])
+                inner = range(1, repeats - 1) if repeats > 2 else range(repeats)
+                return [
+                    {"name": names[first + j], "us": sum(
+                        charged[step * per_step + first + r * length + j][1] for step in range(steps) for r in inner
+                    ) / (steps * len(inner))}
+                    for j in range(length)
+                ]
+    return []
 
 
 def profile_steps(step: Callable[[], object], device: torch.device, steps: int) -> tuple[StepProfile, Any]:
@@ -338,21 +373,23 @@ def graph_device_ms(engine: Engine, bs: int, mode: str = "greedy", reps: int = 5
     return start.elapsed_time(end) / reps
 
 
-def graph_critical_path(engine: Engine, bs: int, mode: str = "greedy", reps: int = 10) -> list[dict[str, Any]]:
-    """critical_path of the graph captured for bs in `mode`, replayed back to back under torch.profiler (empty
-    without that graph): where the step's device time goes when kernels overlap."""
+def graph_critical_path(
+    engine: Engine, bs: int, mode: str = "greedy", reps: int = 10
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """critical_path and layer_critical_path of the graph captured for bs in `mode`, replayed back to back under
+    torch.profiler (empty without that graph): where the step's device time goes when kernels overlap."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     graph = _captured(engine, bs, mode)
     if graph is None:
-        return []
+        return [], []
     with torch.cuda.stream(engine.device.stream), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             graph.replay()
         torch.cuda.synchronize()
     spans = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return critical_path(spans, reps)
+    return critical_path(spans, reps), layer_critical_path(spans, reps, engine.model_config.num_layers)
 
 
 # ---- samplers -----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import critical_path, model_for
+from benchmarks.common import critical_path, layer_critical_path, model_for
 from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
 from benchmarks.compare.sampling import GREEDY, MIXED, MODES, SEEDED, request_params
 from oracle.target import parse
@@ -135,3 +135,22 @@ def test_critical_path_charges_each_kernel_the_device_time_it_adds() -> None:
     got = {k["name"]: (k["per_step"], k["us_per_step"]) for k in critical_path(reversed(spans), steps=2)}
     assert got == {"a": (1.0, 5.0 + 8.0 / 2), "b": (1.0, 2.0), "c": (1.0, 5.0), "d": (1.0, 0.0)}
     assert sum(us for _, us in got.values()) * 2 == 32.0  # the span from the first start to the last end
+
+
+def test_layer_critical_path_averages_each_layer_position_over_the_inner_layers() -> None:
+    # A step: embed, 4 layers of (norm, attn, mlp) back to back, head; layer i's attn adds 1 + i µs, each other
+    # kernel 1 µs. The inner layers (1 and 2) average attn to 2.5; the outer ones are left out.
+    names = ["embed"] + ["norm", "attn", "mlp"] * 4 + ["head"]
+    costs = [1.0] + [c for i in range(4) for c in (1.0, 1.0 + i, 1.0)] + [1.0]
+    spans, t = [], 0.0
+    for _ in range(2):
+        for name, cost in zip(names, costs):
+            spans.append((name, t, t + cost))
+            t += cost
+    got = layer_critical_path(reversed(spans), steps=2, layers=4)
+    assert [(k["name"], k["us"]) for k in got] == [("norm", 1.0), ("attn", 2.5), ("mlp", 1.0)]
+    # A first layer that launches one more kernel: the other three are found, and their inner one averaged.
+    odd = ["embed", "norm", "rope", "attn", "mlp"] + ["norm", "attn", "mlp"] * 3 + ["head"]
+    spans = [(name, float(i), i + 1.0 + (name == "attn")) for i, name in enumerate(odd)]
+    assert [k["name"] for k in layer_critical_path(spans, steps=1, layers=4)] == ["norm", "attn", "mlp"]
+    assert layer_critical_path([("a", 0.0, 1.0), ("b", 1.0, 2.0)], steps=1, layers=4) == []

@@ -151,6 +151,8 @@ def run_grid(
                 # The graph's critical path where there is one: summed durations count PDL overlap twice.
                 for k in (p["critical_kernels"] or p["top_kernels"])[:8]:
                     log(f"    {k['us_per_step']:8.1f} us {k['per_step']:6.1f}x  {k['name'][:90]}")
+                if p["critical_layer"]:
+                    log("    one layer: " + ", ".join(f"{k['name'][:40]} {k['us']:.2f}" for k in p["critical_layer"]))
     ratios = grid_ratios(contenders_by_batch(rows), n, modes)
     engine_info = {
         "weight_bytes_read": weight_bytes_read(engine),
