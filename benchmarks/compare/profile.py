@@ -1,9 +1,9 @@
 """The step profile of a grid row (--profile): device kernels per decode step, their summed device time (kernels that
 overlap under programmatic dependent launch count twice), the captured graph's wall time on the device and its
 kernels ranked by the part of it each adds (common.critical_path) and one decoder layer's kernels with the part each
-adds (common.layer_critical_path), and the host wall time until the step's launch
-returned, over the same prompts and sampling as the row (common.profile_steps), at the row's mean decode context (its
-KV, not the prompt's, sets a large batch's attention time)."""
+adds (common.layer_critical_path), and the host wall time until the step's launch returned, over the same prompts and
+sampling as the row (common.profile_steps), at the row's mean decode context (its KV, not the prompt's, sets a large
+batch's attention time)."""
 
 from __future__ import annotations
 

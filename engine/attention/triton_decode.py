@@ -7,13 +7,11 @@ once. One launch, under programmatic dependent launch: the last split of a (requ
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from ..layers.triton_pdl import pdl_on, pdl_release, pdl_wait
+from ..layers.triton_pdl import interpreted, pdl_on, pdl_release, pdl_wait
 
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 64
@@ -121,7 +119,7 @@ def tensor_core_products(q: torch.Tensor, k_slots: torch.Tensor) -> bool:
     """Whether q k^T and P V run on tensor cores (16-bit q and K/V of one dtype, P rounded to it); never in Triton's
     interpreter, whose 16-bit dot is wrong."""
     same_16_bit = q.dtype in (torch.bfloat16, torch.float16) and k_slots.dtype == q.dtype
-    return same_16_bit and os.environ.get("TRITON_INTERPRET") != "1"
+    return same_16_bit and not interpreted()
 
 
 def choose_splits(bs: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:

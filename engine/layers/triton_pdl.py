@@ -29,8 +29,13 @@ def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (TRITON_INTERPRET=1) instead of compiling them."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def pdl_on(x: torch.Tensor) -> bool:
     """Whether kernels on x's device launch with PDL (never in Triton's interpreter, which has no such launch)."""
-    if not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if not x.is_cuda or interpreted():
         return False
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
