@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from engine import Batch, CapacityError, ConfigError, Engine, EngineConfig, Samp
 from engine.core import Req
 from engine.device import host_tensor
 from engine.distributed import TorchDistComm
-from engine.driver import Contiguous, PageLayout, Pages, RequestState, StaticDriver
+from engine.driver import DECODE_LOOKAHEAD, Contiguous, PageLayout, Pages, RequestState, StaticDriver
 from engine.kvcache import KVCachePool, model_footprint, plan_num_pages
 from engine.layers.kernels import TORCH_KERNELS
 from engine.layers.rotary import RotaryEmbedding
@@ -145,6 +146,24 @@ def test_a_broken_page_order_is_refused_before_it_maps_a_page(tiny_models: dict[
     with pytest.raises(ConfigError, match=type(order).__name__):
         driver = StaticDriver(engine, order)
         driver.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("page_size", [1, 3])
+def test_decode_maps_pages_once_per_lookahead(tiny_models: dict[str, Path], page_size: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode pass writes the page table only when its slot is unmapped, then DECODE_LOOKAHEAD slots ahead: 70
+    tokens of one request make the prefill's write and 3 more, not one a step (and the tokens stay the same)."""
+    engine = Engine(EngineConfig(str(tiny_models["qwen2"]), page_size=page_size, num_page_override=128,
+                                 max_running_req=1))
+    params = SamplingParams(max_tokens=70, ignore_eos=True)
+    [ref] = StaticDriver(engine).generate([[5, 6, 7]], params)
+    writes: list[int] = []
+    write = Pages.write
+    monkeypatch.setattr(Pages, "write", lambda self, rows: (writes.append(len(rows)), write(self, rows))[1])
+    [got] = StaticDriver(engine).generate([[5, 6, 7]], params)
+    assert got.output_ids == ref.output_ids
+    assert len(writes) == 1 + math.ceil(69 / DECODE_LOOKAHEAD) <= 4, writes  # the prefill's, then 69 decode slots
     engine.shutdown()
 
 

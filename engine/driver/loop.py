@@ -124,10 +124,7 @@ class Loop:
             if ends is not None:
                 granted = self.pages.map(seqs, ends)
             else:
-                ps = self.pages.page_size
-                granted = self.pages.map(
-                    seqs, [min(s.req.device_len + DECODE_LOOKAHEAD, s.reserved_pages * ps) for s in seqs]
-                )
+                granted = self.pages.map(seqs, [self.decode_map_end(s) for s in seqs])
             partial = [end < s.req.num_tokens for s, end in zip(seqs, ends or [s.req.device_len for s in seqs])]
             batch, args = self.engine.prepare_batch([s.req for s in seqs], phase, ends)  # type: ignore[arg-type]
             return Launch(seqs, partial, self.engine.forward_batch(batch, args), rewind, granted)
@@ -135,6 +132,14 @@ class Loop:
             self.pages.unmap(granted)
             rewind.restore()
             raise
+
+    def decode_map_end(self, seq: RequestState) -> int:
+        """Slots a decode pass maps [0, end) of: nothing while the pass's slot is mapped, else DECODE_LOOKAHEAD ahead
+        (so a page-table write comes once per lookahead, not once per step at page size 1)."""
+        mapped = len(seq.pages) * self.pages.page_size
+        if mapped >= seq.req.device_len:
+            return 0
+        return min(seq.req.device_len + DECODE_LOOKAHEAD, seq.reserved_pages * self.pages.page_size)
 
     def land(self, launch: Launch) -> dict[int, int]:
         """Wait for a pass's tokens and hand them out; a failed pass is put back and its error raised."""
