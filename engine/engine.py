@@ -297,7 +297,7 @@ class Engine:
         if mode == "greedy":
             tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
         else:
-            tokens = self.sampler.graph_draw(logits, mode)
+            tokens = self.sampler.graph_draw(logits, mode, inputs.device_lens)
             payload = keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
 
@@ -334,7 +334,7 @@ class Engine:
             if mode is not None:
                 undo_draws = no_draws
                 if mode not in ("greedy", "logits"):  # the sampler draws inside the graph
-                    undo_draws = self.sampler.saved_streams()
+                    undo_draws = self.sampler.graph_undo(mode)
                     self.sampler.load_graph_params(args)
                 step = self.graph_runner.replay(batch, mode)
                 self._set_inputs(batch, step.inputs)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,14 +13,13 @@ from typing import Protocol
 import torch
 
 from . import sample_graph
-from .core import Batch, Req
+from .core import Batch, Req, SamplingParams
 from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
 from .sample_rows import row_passes_for, top_k_filter, top_k_top_p_filter
 
-_SEED_MIX = 0x9E3779B97F4A7C15
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
 
 
@@ -34,7 +34,9 @@ class BatchSamplingArgs:
     top_k_max: int  # the largest k below vocab that a sampled row asks for (0 when top_k is None)
     top_p: torch.Tensor | None  # float64 [bs]: the cut 1 - top_p is taken in double and then rounded, as HF does
     min_p: torch.Tensor | None
-    row_seeds: list[int | None]  # per-row generator seed for this step, None = engine generator
+    row_seeds: list[int | None]  # per-row request seed, None = engine generator
+    # per row: the position its token is drawn for (the request's device_len); a seeded row's noise is keyed by both
+    row_positions: list[int] = field(default_factory=list)
     uids: list[int] = field(default_factory=list)
     greedy_rows: list[bool] = field(default_factory=list)  # the greedy flags on the host
     graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
@@ -42,12 +44,18 @@ class BatchSamplingArgs:
     graph_params: torch.Tensor | None = None
 
 
-def step_seed(seed: int, position: int) -> int:
-    """A generator seed for (request seed, position), splitmix64-mixed: torch's CPU generator keeps only 32 bits."""
-    x = (seed * _SEED_MIX + position) % 2**64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
-    return (x ^ (x >> 31)) % 2**63
+@dataclass(frozen=True)
+class _Prepared:
+    """What prepare() derives from a batch's params alone, kept while the same params objects come back in order."""
+
+    params: tuple[SamplingParams, ...]
+    pad: int
+    block: torch.Tensor
+    rows: sample_graph.Rows
+    greedy: list[bool]
+    top_k_max: int  # 0: no row filters by top-k
+    use_p: bool
+    use_min_p: bool
 
 
 DrawFn = Callable[[torch.Tensor, "BatchSamplingArgs"], torch.Tensor]
@@ -71,6 +79,7 @@ class BaseSampler(ABC):
         else:
             self.generator.manual_seed(seed)
         self._greedy_rows: dict[int, sample_graph.Rows] = {}
+        self._prepared: dict[int, _Prepared] = {}  # by padded size: a decode batch's params repeat step after step
 
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed`."""
@@ -88,30 +97,41 @@ class BaseSampler(ABC):
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         reqs: list[Req] = batch.reqs
         params = [r.sampling_params for r in reqs]
-        greedy = [p.is_greedy for p in params]
-        all_greedy = all(greedy)
-        row_seeds = [None if p.seed is None else step_seed(p.seed, r.device_len) for p, r in zip(params, reqs)]
+        row_seeds = [p.seed for p in params]
+        positions = [r.device_len for r in reqs]
         uids = [r.uid for r in reqs]
-        if all_greedy:  # the row tensors are never read: share one block of greedy rows per batch size
+        if all(p.is_greedy for p in params):  # the row tensors are never read: share one block of greedy rows
             if len(reqs) not in self._greedy_rows:
                 self._greedy_rows[len(reqs)] = sample_graph.unpack(
-                    sample_graph.upload_block([], [], len(reqs), self.vocab_size, self.device))
+                    sample_graph.upload_block([], len(reqs), self.vocab_size, self.device))
             rows = self._greedy_rows[len(reqs)]
-            return BatchSamplingArgs(True, rows.greedy, rows.temperature, None, 0, None, None, row_seeds, uids)
-        # One upload per batch: the row tensors are views of the parameter block a captured draw reads too.
-        pad = batch.padded_size - batch.size
-        block = sample_graph.upload_block(params, row_seeds, pad, self.vocab_size, self.device)
-        rows = sample_graph.unpack(block, len(reqs))
-        filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
-        use_p = any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g)
-        use_min_p = any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g)
-        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if filtering_ks else None,
-                                 max(filtering_ks, default=0), rows.top_p if use_p else None,
-                                 rows.min_p if use_min_p else None, row_seeds, uids, greedy)
+            return BatchSamplingArgs(True, rows.greedy, rows.temperature, None, 0, None, None, row_seeds, positions,
+                                     uids)
+        got = self._prepare_params(params, batch.padded_size - batch.size)
+        rows = got.rows
+        args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if got.top_k_max else None,
+                                 got.top_k_max, rows.top_p if got.use_p else None,
+                                 rows.min_p if got.use_min_p else None, row_seeds, positions, uids, got.greedy)
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
-            args.graph_params = block if args.graph_mode is not None else None
+            args.graph_params = got.block if args.graph_mode is not None else None
         return args
+
+    def _prepare_params(self, params: list[SamplingParams], pad: int) -> _Prepared:
+        """The parameter block and what the rows use, uploaded once per run of identical params (frozen objects)."""
+        kept = self._prepared.get(len(params) + pad)
+        if kept is not None and kept.pad == pad and len(kept.params) == len(params) and all(
+                map(operator.is_, kept.params, params)):
+            return kept
+        # One upload: the row tensors are views of the parameter block a captured draw reads too.
+        block = sample_graph.upload_block(params, pad, self.vocab_size, self.device)
+        greedy = [p.is_greedy for p in params]
+        filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
+        kept = _Prepared(tuple(params), pad, block, sample_graph.unpack(block, len(params)), greedy,
+                         max(filtering_ks, default=0), any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g),
+                         any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g))
+        self._prepared[len(params) + pad] = kept
+        return kept
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: float32 [bs, vocab] → int32 token ids [bs]; NonFiniteLogitsError where a row has none."""
@@ -157,15 +177,21 @@ class BaseSampler(ABC):
         assert args.graph_params is not None
         self._graph_params.load(args.graph_params)
 
-    def graph_draw(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
-        """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded. Every
-        filter is applied (top-k vocab, top-p 1 and min-p 0 leave a row as it is), so one step serves any mix."""
+    def graph_undo(self, mode: str) -> Callable[[], None]:
+        """The undo of the draws a captured step makes in `mode` (taken before its replay): a 'seeded' one draws only
+        keyed noise; any other mode saves every stream."""
+        return no_draws if mode == "seeded" else self.saved_streams()
+
+    def graph_draw(self, logits: torch.Tensor, mode: str, positions: torch.Tensor) -> torch.Tensor:
+        """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded; positions:
+        int64 [bs], each row's device_len (the seeded noise's key). Every filter is applied (top-k vocab, top-p 1 and
+        min-p 0 leave a row as it is), so one step serves any mix."""
         rows = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
         args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k, self.vocab_size, rows.top_p,
                                  rows.min_p, [None] * logits.shape[0])
-        return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds))
+        return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds, positions))
 
-    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn | None:
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
         """How graph_draw draws in `mode`: a draw function, or None for the sampler's own _tokens."""
         if mode != "seeded":
             raise NotImplementedError(f"{type(self).__name__} does not draw in graph mode {mode!r}")
@@ -174,7 +200,7 @@ class BaseSampler(ABC):
         def draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
             probs = self.filtered_probs(logits, args)
             noise = torch.empty_like(probs)
-            seeded_noise(noise, torch.arange(probs.shape[0], device=probs.device), seeds)
+            seeded_noise(noise, torch.arange(probs.shape[0], device=probs.device), seeds, positions)
             return (probs / noise).argmax(dim=-1)
 
         return draw
@@ -193,17 +219,19 @@ class BaseSampler(ABC):
     def draw(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """int64 [bs] on the device, no host sync: the exponential race argmax(p / noise) over filtered_probs."""
         probs = self.filtered_probs(logits, args)
-        return (probs / self.noise(probs, args.row_seeds)).argmax(dim=-1)
+        return (probs / self.noise(probs, args)).argmax(dim=-1)
 
-    def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
-        """Exp(1) noise, never 0, from self.generator; a seeded row draws its own numbers, keyed by its seed alone
-        (on CUDA from Triton's Philox, as a captured step draws them; elsewhere from a generator of its own)."""
+    def noise(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """Exp(1) noise, never 0, from self.generator; a seeded row draws its own numbers, keyed by its seed and
+        position alone (on CUDA from Triton's Philox, as a captured step draws them; elsewhere from a generator of its
+        own)."""
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
-        seeded = [(row, seed) for row, seed in enumerate(row_seeds) if seed is not None]
+        seeded = [(row, seed, position) for row, (seed, position) in enumerate(zip(args.row_seeds, args.row_positions))
+                  if seed is not None]
         if seeded:
-            rows, seeds = zip(*seeded)
-            self._seeded_noise(noise, upload(host_tensor(rows), self.device), upload(host_tensor(seeds), self.device))
+            keys = upload(host_tensor([value for column in zip(*seeded) for value in column]), self.device).view(3, -1)
+            self._seeded_noise(noise, keys[0], keys[1], keys[2])
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
     @staticmethod
@@ -275,8 +303,17 @@ class Sampler(BaseSampler):
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         return "draw" if self.draws_with_flashinfer(args) else super()._graph_mode(args)
 
-    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor) -> DrawFn | None:
-        return None if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds)
+    def graph_undo(self, mode: str) -> Callable[[], None]:
+        """A captured FlashInfer draw moves only the Philox offset, by one stride: its undo moves it back."""
+        if mode == "draw" and self.use_flashinfer:
+            return self._rewind_philox
+        return super().graph_undo(mode)
+
+    def _rewind_philox(self) -> None:
+        self.philox_offset.sub_(_PHILOX_STRIDE)
+
+    def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
+        return None if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds, positions)
 
     def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None) -> torch.Tensor:
         """A FlashInfer draw reads the tempered softmax, whose passes also give the greedy argmax and finite rows."""

@@ -1,7 +1,7 @@
-"""The parameter block of a sampled batch: one uint8 tensor packed on the host at prepare and uploaded once, whose
-segments (top-k, top-p, seeds, temperature, min-p, greedy, each [padded bs] of its own dtype) are read as views, so
-the batch's per-row tensors and the captured step's parameters cost no kernel; for a graph batch it is copied into
-the static buffer of its size before the replay, padding rows greedy."""
+"""The parameter block of a sampled batch: one uint8 tensor packed on the host and uploaded once per run of the same
+params, whose segments (top-k, top-p, request seeds, temperature, min-p, greedy, each [padded bs] of its own dtype) are
+read as views, so the batch's per-row tensors and the captured step's parameters cost no kernel; for a graph batch it
+is copied into the static buffer of its size before the replay (unless already there), padding rows greedy."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ class Rows(NamedTuple):
     greedy: torch.Tensor  # bool
 
 
-def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int) -> torch.Tensor:
+def pack(params: Sequence[SamplingParams], pad: int, vocab: int) -> torch.Tensor:
     """uint8 [ROW_BYTES * (len(params) + pad)] on the host; the pad rows are greedy with every filter off."""
     columns: tuple[Sequence[float], ...] = (
         [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
         [p.top_p for p in params] + [1.0] * pad,
-        [seed or 0 for seed in row_seeds] + [0] * pad,
+        [p.seed or 0 for p in params] + [0] * pad,
         [1.0 if p.is_greedy else p.temperature for p in params] + [1.0] * pad,
         [p.min_p for p in params] + [0.0] * pad,
         [p.is_greedy for p in params] + [True] * pad,
@@ -42,10 +42,8 @@ def pack(params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad:
     return torch.cat([host_tensor(column, dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])
 
 
-def upload_block(
-    params: Sequence[SamplingParams], row_seeds: Sequence[int | None], pad: int, vocab: int, device: torch.device
-) -> torch.Tensor:
-    return upload(pack(params, row_seeds, pad, vocab), device)
+def upload_block(params: Sequence[SamplingParams], pad: int, vocab: int, device: torch.device) -> torch.Tensor:
+    return upload(pack(params, pad, vocab), device)
 
 
 def unpack(block: torch.Tensor, bs: int | None = None) -> Rows:
@@ -65,11 +63,16 @@ class StaticParams:
     def __init__(self, device: torch.device, vocab: int) -> None:
         self.device, self.vocab = device, vocab
         self._blocks: dict[int, torch.Tensor] = {}
+        self._loaded: dict[int, torch.Tensor] = {}  # the block last copied in, held so its identity stays unique
 
     def block(self, bs: int) -> torch.Tensor:
         if bs not in self._blocks:
-            self._blocks[bs] = upload_block([], [], bs, self.vocab, self.device)
+            self._blocks[bs] = upload_block([], bs, self.vocab, self.device)
         return self._blocks[bs]
 
     def load(self, block: torch.Tensor) -> None:
-        self.block(block.numel() // ROW_BYTES).copy_(block, non_blocking=True)
+        """Copy `block` in, unless it is the block copied in last (blocks are never written after their upload)."""
+        bs = block.numel() // ROW_BYTES
+        if self._loaded.get(bs) is not block:
+            self.block(bs).copy_(block, non_blocking=True)
+            self._loaded[bs] = block

@@ -1,6 +1,6 @@
-"""The Exp(1) noise of seeded rows, keyed by each row's seed alone (so a seeded row's tokens never depend on its
-batch): Triton's Philox on CUDA, on the device and capturable (engine/sample_triton.py); elsewhere a generator per
-row, which reads the seeds on the host."""
+"""The Exp(1) noise of seeded rows, keyed by step_seed(seed, position) alone (so a seeded row's tokens never depend on
+its batch): Triton's Philox on CUDA, on the device and capturable, the key mixed there too (engine/sample_triton.py);
+elsewhere a generator per row, keyed on the host."""
 
 from __future__ import annotations
 
@@ -10,12 +10,24 @@ import torch
 
 from .device import triton_kernels_run_on
 
-NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (noise, rows, seeds): fill those rows
+# (noise, rows, seeds, positions): fill noise[rows[i]] with the numbers of step_seed(seeds[i], positions[i])
+NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+_SEED_MIX = 0x9E3779B97F4A7C15
 
 
-def generator_noise_(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor) -> None:
-    for row, seed in zip(rows.tolist(), seeds.tolist()):
-        noise[row].exponential_(generator=torch.Generator(device=noise.device).manual_seed(seed))
+def step_seed(seed: int, position: int) -> int:
+    """A generator seed for (request seed, position), splitmix64-mixed: torch's CPU generator keeps only 32 bits."""
+    x = (seed * _SEED_MIX + position) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
+
+
+def generator_noise_(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> None:
+    for row, seed, position in zip(rows.tolist(), seeds.tolist(), positions.tolist()):
+        generator = torch.Generator(device=noise.device).manual_seed(step_seed(seed, position))
+        noise[row].exponential_(generator=generator)
         noise[row].clamp_(min=torch.finfo(noise.dtype).tiny)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import engine.engine as engine_module
 import engine.models.config as model_config_module
-from engine import sample
+from engine import sample, sample_noise
 from engine.attention import flashinfer_backend, torch_backend
 from engine.attention.triton_backend import TritonDecodeBackend
 from engine.driver import Pages, StaticDriver
@@ -53,6 +53,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
     Requests,
     Loop,
     sample,
+    sample_noise,
     GraphRunner,
     TritonDecodeBackend,
     flashinfer_backend,

@@ -176,7 +176,7 @@ class TemperatureOnly(BaseSampler):
 
 
 class NoNoise(TemperatureOnly):
-    def noise(self, probs: torch.Tensor, row_seeds: list[int | None]) -> torch.Tensor:
+    def noise(self, probs: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         return torch.ones_like(probs)
 
 
@@ -223,7 +223,7 @@ def test_a_seeded_graph_draw_is_the_eager_draw() -> None:
     args = sampler.prepare(batch)
     assert args.graph_mode == "seeded" and args.graph_params is not None
     sampler.load_graph_params(args)
-    drawn = sampler.graph_draw(logits, "seeded")
+    drawn = sampler.graph_draw(logits, "seeded", torch.full((len(logits),), 3))  # each row's device_len
     assert torch.equal(drawn[: len(params)], eager)
     assert torch.equal(drawn[len(params):], logits[len(params):].argmax(dim=-1).to(torch.int32))  # padding: greedy
 
@@ -249,6 +249,33 @@ def test_prepare_rows_are_the_parameters_as_hf_reads_them() -> None:
     assert torch.equal(padded.greedy[4:], torch.tensor([True, True])) and torch.equal(padded.seeds[4:], torch.zeros(2))
     assert torch.equal(padded.top_k[4:], torch.full((2,), vocab))
     assert args.row_seeds[1] is None and padded.seeds[0] == args.row_seeds[0]
+
+
+def test_prepare_uploads_a_block_once_while_its_params_repeat() -> None:
+    """A decode batch's params come back step after step: prepare reuses their block (and a graph's static buffer
+    keeps it) while the same objects come in the same order, with the positions of this step; any other params, order
+    or padding get a block of their own, and loading back an earlier block restores it."""
+    vocab = 40
+    params = [SamplingParams(temperature=0.7, top_k=5, seed=3), SamplingParams(temperature=0.9, top_p=0.5, seed=4)]
+    sampler = Sampler(torch.device("cpu"), vocab, seed=0)
+
+    def prepared(ps: list[SamplingParams], length: int, pad: int = 1) -> BatchSamplingArgs:
+        reqs = [Req(torch.zeros(length, dtype=torch.int32), i, length - 1, 1, i, p) for i, p in enumerate(ps)]
+        batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[:pad])
+        batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
+        return sampler.prepare(batch)
+
+    first, second = prepared(params, 6), prepared(params, 7)
+    assert second.graph_params is first.graph_params is not None
+    assert first.row_positions == [6, 6] and second.row_positions == [7, 7] and second.row_seeds == [3, 4]
+    others = [prepared(params[::-1], 7), prepared([params[0], SamplingParams(temperature=0.7, top_k=5, seed=3)], 7),
+              prepared(params, 7, pad=2)]
+    assert all(o.graph_params is not None and o.graph_params is not first.graph_params for o in others)
+    assert torch.equal(others[0].temperature, torch.tensor([0.9, 0.7]))
+    sampler.load_graph_params(first)
+    sampler.load_graph_params(others[0])
+    sampler.load_graph_params(second)
+    assert torch.equal(sampler._graph_params.block(3), first.graph_params)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -26,6 +26,7 @@ _PLACEHOLDER = [0]
 class BatchInputs:
     ids: torch.Tensor  # int32 [tokens]
     positions: torch.Tensor  # int64 [tokens]
+    device_lens: torch.Tensor  # int64 [requests]: each request's length after the pass
     out_loc: torch.Tensor  # int32 [tokens]
     rows: torch.Tensor  # int64 [requests]
     table_rows: torch.Tensor  # int64 [requests]: the dummy row when refused
@@ -103,4 +104,4 @@ def unpack_inputs(
     query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
                       layout.max_len, layout.max_other_len)
     out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)
-    return BatchInputs(ids, positions, out_loc, rows, table_rows, refused.view(1))
+    return BatchInputs(ids, positions, device_lens, out_loc, rows, table_rows, refused.view(1))

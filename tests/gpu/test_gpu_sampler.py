@@ -118,11 +118,12 @@ def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
     assert args.graph_params is not None and args.graph_params.shape == (ROW_BYTES * (len(params) + pad),)
     logits = torch.cat([torch.stack([rows[r % len(MIXED)] for r in range(len(params))]), rows[0].expand(pad, -1)])
     logits = logits.cuda()
+    positions = torch.full((len(logits),), 3, device="cuda")  # each row's device_len
     sampler.load_graph_params(args)
-    sampler.graph_draw(logits, "draw")  # warm-up outside the capture
+    sampler.graph_draw(logits, "draw", positions)  # warm-up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sampler.graph_draw(logits, "draw")
+        out = sampler.graph_draw(logits, "draw", positions)
     which = torch.arange(len(params)) % len(MIXED)
     counts = torch.zeros(len(MIXED), VOCAB, dtype=torch.int64)
     for _ in range(replays):
@@ -152,11 +153,12 @@ def test_a_captured_seeded_draw_is_the_eager_draw() -> None:
     batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
     args = sampler.prepare(batch)
     assert args.graph_mode == "seeded"
+    positions = torch.full((len(logits),), 3, device="cuda")  # each row's device_len
     sampler.load_graph_params(args)
-    sampler.graph_draw(logits, "seeded")  # warm-up outside the capture
+    sampler.graph_draw(logits, "seeded", positions)  # warm-up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sampler.graph_draw(logits, "seeded")
+        out = sampler.graph_draw(logits, "seeded", positions)
     sampler.load_graph_params(args)
     graph.replay()
     assert torch.equal(out[: len(params)], eager), "the captured seeded draw left the eager one"

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from engine import sample, sample_rows
+from engine import sample_noise, sample_rows
 from engine.core import Batch
 from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
 
@@ -20,7 +21,7 @@ from .base import swap
 _ORIGINAL_FILTERED_PROBS = Sampler.filtered_probs
 _ORIGINAL_PREPARE = BaseSampler.prepare
 _ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
-_ORIGINAL_STEP_SEED = sample.step_seed
+_ORIGINAL_STEP_SEED = sample_noise.step_seed
 try:  # the seeded noise's Triton kernel exists only where triton does (CUDA builds of torch)
     from engine import sample_triton
 
@@ -129,9 +130,20 @@ def _step_seed_without_position(seed: int, position: int) -> int:
     return _ORIGINAL_STEP_SEED(seed, 0)
 
 
-def seed_position_lost() -> contextlib.AbstractContextManager[None]:
-    # BaseSampler.prepare reaches step_seed through engine.sample's module-level name; only that name is rebound.
-    return swap(sample, "step_seed", _step_seed_without_position)
+def _noise_without_position(
+    noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+) -> None:
+    _ORIGINAL_SEEDED_NOISE(noise, rows, seeds, torch.zeros_like(positions))
+
+
+@contextlib.contextmanager
+def seed_position_lost() -> Iterator[None]:
+    """Both keyings lose it: the host's step_seed (generator noise) and the Triton noise's positions (CUDA)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(swap(sample_noise, "step_seed", _step_seed_without_position))
+        if sample_triton is not None:
+            stack.enter_context(swap(sample_triton, "seeded_noise_", _noise_without_position))
+        yield
 
 
 def _top_p_removed_chunk_carry_dropped(
@@ -266,9 +278,9 @@ def graph_params_unloaded() -> contextlib.AbstractContextManager[None]:
     return swap(BaseSampler, "load_graph_params", _params_not_loaded)
 
 
-def _noise_keyed_by_row(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor) -> None:
+def _noise_keyed_by_row(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> None:
     """A seeded row's noise keyed by its place in the batch, not by its seed."""
-    _ORIGINAL_SEEDED_NOISE(noise, rows, rows.to(torch.int64))
+    _ORIGINAL_SEEDED_NOISE(noise, rows, rows.to(torch.int64), positions)
 
 
 def seeded_noise_by_row() -> contextlib.AbstractContextManager[None]:
