@@ -41,6 +41,26 @@ class NullStream:
         pass
 
 
+class OnStream:
+    """torch.cuda.stream(stream) without its per-call lookups of the current device (several a step, a few µs each on
+    the host): the stream is made current, and the current streams of its device and of the current one come back."""
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream = stream
+        self.saved: list[torch.cuda.Stream] = []
+
+    def __enter__(self) -> None:
+        here, there = torch.cuda.current_device(), self.stream.device_index
+        self.saved = [torch.cuda.current_stream(there)]
+        if here != there:  # setting a stream makes its device current: the caller's device is put back last
+            self.saved.append(torch.cuda.current_stream(here))
+        torch.cuda.set_stream(self.stream)
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in self.saved:
+            torch.cuda.set_stream(stream)
+
+
 @dataclass
 class Device:
 
@@ -53,12 +73,15 @@ class Device:
 
     def stream_context(self) -> AbstractContextManager[object]:
         if isinstance(self.stream, torch.cuda.Stream):
-            return torch.cuda.stream(self.stream)
+            return OnStream(self.stream)
         return nullcontext()
 
-    def new_event(self) -> Event:
-        if self.is_cuda:
-            return torch.cuda.Event()
+    def record_event(self) -> Event:
+        """An event recorded on the engine's stream now."""
+        if isinstance(self.stream, torch.cuda.Stream):
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            return event
         return NullEvent()
 
     def synchronize(self) -> None:

@@ -358,8 +358,7 @@ class Engine:
                 host.copy_(payload, non_blocking=True)
             else:
                 host = payload
-            event = self.device.new_event()
-            event.record()
+            event = self.device.record_event()
             # Advance now; a failed step is undone when its tokens are read.
             live_before = [(req.table_idx, self.live_rows.get(req.table_idx)) for req in batch.reqs]
             for req in batch.reqs:

@@ -47,6 +47,26 @@ def test_forward_runs_on_its_own_stream_with_a_real_event(gpu_target: Target, wi
     engine.shutdown()
 
 
+def test_the_stream_context_switches_to_the_engines_stream_and_back(gpu_target: Target,
+                                                                     wide_models: dict[str, Path]) -> None:
+    """Device.stream_context (engine/device.OnStream): the engine's stream inside, nested too, and the caller's own
+    stream (here a side stream) current again after, also when the block raises."""
+    engine = gpu_engine(gpu_target, wide_models["qwen3"])
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with engine.device.stream_context():
+            assert torch.cuda.current_stream() == engine.device.stream
+            with engine.device.stream_context():
+                assert torch.cuda.current_stream() == engine.device.stream
+            assert torch.cuda.current_stream() == engine.device.stream
+        assert torch.cuda.current_stream() == side
+        with pytest.raises(RuntimeError, match="boom"), engine.device.stream_context():
+            raise RuntimeError("boom")
+        assert torch.cuda.current_stream() == side
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    engine.shutdown()
+
+
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_step_outputs_are_ordered_before_the_callers_stream(
     gpu_target: Target, wide_models: dict[str, Path], phase: str
