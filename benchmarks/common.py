@@ -208,11 +208,13 @@ class DecodeStep:
             req.append_host(token)
 
         self._in_flight: ForwardOutput | None = None
+        self.graph_mode = "greedy"
 
     def _launch(self) -> ForwardOutput:
         for req in self.reqs:
             req.cached_len, req.device_len = self.context, self.context + 1
         batch, args = self.engine.prepare_batch(self.reqs, "decode")
+        self.graph_mode = "greedy" if args.all_greedy else args.graph_mode or "logits"  # the graph a replay runs
         return self.engine.forward_batch(batch, args)
 
     def step(self) -> None:

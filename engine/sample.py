@@ -66,6 +66,8 @@ class BaseSampler(ABC):
     noise; a sampler with streams besides self.generator extends reseed and saved_streams (calling super)."""
 
     use_flashinfer = False  # True where draws decide on float32 probabilities (FlashInfer's): checks skip their ties
+    # Graph modes captured without min-p, for batches where no row uses it (min-p costs passes even at 0).
+    graph_modes_without_min_p: frozenset[str] = frozenset()
 
     def __init__(self, device: torch.device, vocab_size: int, seed: int | None = None) -> None:
         self.device = device
@@ -185,10 +187,11 @@ class BaseSampler(ABC):
     def graph_draw(self, logits: torch.Tensor, mode: str, positions: torch.Tensor) -> torch.Tensor:
         """A sampled batch's tokens inside a captured step, from the parameters load_graph_params loaded; positions:
         int64 [bs], each row's device_len (the seeded noise's key). Every filter is applied (top-k vocab, top-p 1 and
-        min-p 0 leave a row as it is), so one step serves any mix."""
+        min-p 0 leave a row as it is), so one step serves any mix; min-p not in graph_modes_without_min_p."""
         rows = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
+        min_p = None if mode in self.graph_modes_without_min_p else rows.min_p
         args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k, self.vocab_size, rows.top_p,
-                                 rows.min_p, [None] * logits.shape[0])
+                                 min_p, [None] * logits.shape[0])
         return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds, positions))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
@@ -296,16 +299,21 @@ class Sampler(BaseSampler):
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
 
+    graph_modes_without_min_p = frozenset({"draw"})
+
     def graph_modes(self) -> tuple[str, ...]:
-        """Also 'draw': an unseeded batch drawn by FlashInfer's kernels."""
-        return ("draw", *super().graph_modes()) if self.use_flashinfer else super().graph_modes()
+        """Also 'draw' and 'draw_min_p': an unseeded batch drawn by FlashInfer's kernels, without min-p and with."""
+        drawn = ("draw", "draw_min_p") if self.use_flashinfer else ()
+        return (*drawn, *super().graph_modes())
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
-        return "draw" if self.draws_with_flashinfer(args) else super()._graph_mode(args)
+        if self.draws_with_flashinfer(args):
+            return "draw" if args.min_p is None else "draw_min_p"
+        return super()._graph_mode(args)
 
     def graph_undo(self, mode: str) -> Callable[[], None]:
         """A captured FlashInfer draw moves only the Philox offset, by one stride: its undo moves it back."""
-        if mode == "draw" and self.use_flashinfer:
+        if mode in ("draw", "draw_min_p") and self.use_flashinfer:
             return self._rewind_philox
         return super().graph_undo(mode)
 
@@ -313,7 +321,9 @@ class Sampler(BaseSampler):
         self.philox_offset.sub_(_PHILOX_STRIDE)
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
-        return None if mode == "draw" and self.use_flashinfer else super()._graph_draw_fn(mode, seeds, positions)
+        if mode in ("draw", "draw_min_p") and self.use_flashinfer:
+            return None
+        return super()._graph_draw_fn(mode, seeds, positions)
 
     def _tokens(self, logits: torch.Tensor, args: BatchSamplingArgs, draw: DrawFn | None = None) -> torch.Tensor:
         """A FlashInfer draw reads the tempered softmax, whose passes also give the greedy argmax and finite rows."""

@@ -14,10 +14,9 @@ from typing import Any
 from engine import Engine
 
 from ..common import DecodeStep, graph_critical_path, graph_device_ms, graphs, profile_steps
-from .sampling import GREEDY, MIXED, SEEDED, request_params
+from .sampling import request_params
 
 STEPS = 10  # profiled steps, and as many host-timed ones, per row
-GRAPH_MODES = {GREEDY: "greedy", MIXED: "draw", SEEDED: "seeded"}  # the graph each sampling mode replays
 
 
 def profile_row(engine: Engine, bs: int, context: int, mode: str, use_graphs: bool, method: str) -> dict[str, Any]:
@@ -30,8 +29,8 @@ def profile_row(engine: Engine, bs: int, context: int, mode: str, use_graphs: bo
         step, _ = profile_steps(harness.step, device, STEPS)
         runner = engine.graph_runner
         on = use_graphs and runner.enabled
-        graph_ms = graph_device_ms(engine, runner.padded_size(bs), GRAPH_MODES[mode]) if on else None
-        critical, layer = graph_critical_path(engine, runner.padded_size(bs), GRAPH_MODES[mode]) if on else ([], [])
+        graph_ms = graph_device_ms(engine, runner.padded_size(bs), harness.graph_mode) if on else None
+        critical, layer = graph_critical_path(engine, runner.padded_size(bs), harness.graph_mode) if on else ([], [])
     engine.release_rows(range(bs))  # the grid's driver maps its rows again
     return {"batch": bs, "sampling": mode, "method": method, "graph_ms_per_step": graph_ms,
             **asdict(replace(step, host_ms_per_step=host_s * 1e3)), "critical_kernels": critical,

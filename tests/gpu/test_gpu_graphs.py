@@ -190,7 +190,8 @@ def test_replay_that_skips_the_positions_copy_is_caught(
 
 def test_each_decode_batch_replays_its_mode(graph_target: Target, wide_models: dict[str, Path]) -> None:
     """Greedy batches replay the greedy step; sampled ones the step that draws inside the graph where the sampler
-    has one for them (unseeded: FlashInfer's 'draw'; every sampled row seeded: 'seeded'); others the logits-only
+    has one for them (unseeded: FlashInfer's 'draw', or 'draw_min_p' where a row uses min-p; every sampled row seeded:
+    'seeded'); others the logits-only
     step, their draw made after it."""
     engine = gpu_engine(graph_target, wide_models["qwen3"], cuda_graph_bs=[1, 2, 4])
     modes: list[Mode] = []
@@ -206,7 +207,8 @@ def test_each_decode_batch_replays_its_mode(graph_target: Target, wide_models: d
     seeded = [SamplingParams(temperature=0.8, top_k=7, seed=s, max_tokens=3, ignore_eos=True) for s in (3, 4)]
     runs: dict[Mode, list[SamplingParams]] = {
         "greedy": [SamplingParams(max_tokens=3, ignore_eos=True)] * 3,
-        "draw": [sampled, SamplingParams(temperature=0.7, top_k=5, min_p=0.1, max_tokens=3, ignore_eos=True)],
+        "draw": [sampled, SamplingParams(temperature=0.7, top_k=5, max_tokens=3, ignore_eos=True)],
+        "draw_min_p": [sampled, SamplingParams(temperature=0.7, top_k=5, min_p=0.1, max_tokens=3, ignore_eos=True)],
         "seeded": seeded,
         "logits": [sampled, seeded[0]],
     }

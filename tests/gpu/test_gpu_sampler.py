@@ -103,36 +103,39 @@ def test_a_row_with_nothing_to_sample_raises_and_puts_the_philox_offset_back(bad
     assert torch.equal(again.cpu(), fresh.sample(good.cuda(), _args(fresh, others)).cpu())
 
 
-def test_a_captured_draw_follows_each_rows_loaded_parameters() -> None:
-    """The engine's draw mode: graph_draw captured once over static parameters, a mixed batch's parameters loaded
-    before each replay (padding rows greedy); every row follows the reference distribution of its own parameters."""
+@pytest.mark.parametrize("mode", ["draw", "draw_min_p"])
+def test_a_captured_draw_follows_each_rows_loaded_parameters(mode: str) -> None:
+    """The engine's draw modes: graph_draw captured once over static parameters, a mixed batch's parameters loaded
+    before each replay (padding rows greedy); every row follows the reference distribution of its own parameters.
+    A batch with a min-p row takes 'draw_min_p', one without 'draw'."""
     sampler = Sampler(torch.device("cuda"), VOCAB, seed=4321, use_flashinfer=True)
     per_set, replays, pad = 512, 80, 8
-    rows = [_row(40 + i) for i in range(len(MIXED))]
-    params = [MIXED[r % len(MIXED)] for r in range(len(MIXED) * per_set)]
+    kinds = MIXED if mode == "draw_min_p" else [p for p in MIXED if p.min_p == 0.0]
+    rows = [_row(40 + i) for i in range(len(kinds))]
+    params = [kinds[r % len(kinds)] for r in range(len(kinds) * per_set)]
     reqs = [Req(torch.zeros(3, dtype=torch.int32), i, 2, 1, i, p) for i, p in enumerate(params)]
     batch = Batch(reqs, "decode", padded_reqs=reqs + reqs[-1:] * pad)
     batch.packed_inputs = (torch.zeros(1, dtype=torch.int64), None)  # type: ignore[assignment]  # a graph batch
     args = sampler.prepare(batch)
-    assert args.graph_mode == "draw"
+    assert args.graph_mode == mode
     assert args.graph_params is not None and args.graph_params.shape == (ROW_BYTES * (len(params) + pad),)
-    logits = torch.cat([torch.stack([rows[r % len(MIXED)] for r in range(len(params))]), rows[0].expand(pad, -1)])
+    logits = torch.cat([torch.stack([rows[r % len(kinds)] for r in range(len(params))]), rows[0].expand(pad, -1)])
     logits = logits.cuda()
     positions = torch.full((len(logits),), 3, device="cuda")  # each row's device_len
     sampler.load_graph_params(args)
-    sampler.graph_draw(logits, "draw", positions)  # warm-up outside the capture
+    sampler.graph_draw(logits, mode, positions)  # warm-up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sampler.graph_draw(logits, "draw", positions)
-    which = torch.arange(len(params)) % len(MIXED)
-    counts = torch.zeros(len(MIXED), VOCAB, dtype=torch.int64)
+        out = sampler.graph_draw(logits, mode, positions)
+    which = torch.arange(len(params)) % len(kinds)
+    counts = torch.zeros(len(kinds), VOCAB, dtype=torch.int64)
     for _ in range(replays):
         sampler.load_graph_params(args)
         graph.replay()
         tokens = out.long().cpu()
         assert torch.equal(tokens[len(params):], torch.full((pad,), int(rows[0].argmax()))), "a padding row drew"
         counts.index_put_((which, tokens[: len(params)]), torch.ones(len(params), dtype=torch.int64), accumulate=True)
-    for i, p in enumerate(MIXED):
+    for i, p in enumerate(kinds):
         if p.is_greedy:
             assert counts[i, int(rows[i].argmax())] == per_set * replays, "a greedy row left the argmax"
         else:
