@@ -217,6 +217,14 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("sampler", "flashinfer"),),
         ),
         Mutant(
+            "param_block_stale",
+            "the sampler's parameter-block cache is keyed by batch size alone: a batch whose params changed since the "
+            "last one of its size samples with the old temperature, filters and seeds",
+            "issue #26 (the block uploaded once per run of params); UKGovernmentBEIS/inspect_ai#2580 and "
+            "Continuum-AI-Corp/OrcaRouter-Lite#84 (caches keyed without the sampling params served stale results)",
+            sampling.param_block_stale,
+        ),
+        Mutant(
             "graph_params_unloaded",
             "a sampled batch drawn inside a captured step never loads its parameters: the step draws with the static "
             "buffer's previous ones (at first: greedy for every row)",

@@ -20,6 +20,7 @@ from .base import swap
 
 _ORIGINAL_FILTERED_PROBS = Sampler.filtered_probs
 _ORIGINAL_PREPARE = BaseSampler.prepare
+_ORIGINAL_PREPARE_PARAMS = BaseSampler._prepare_params
 _ORIGINAL_FLASHINFER_DRAW = Sampler.flashinfer_draw
 _ORIGINAL_STEP_SEED = sample_noise.step_seed
 try:  # the seeded noise's Triton kernel exists only where triton does (CUDA builds of torch)
@@ -268,6 +269,16 @@ def _flashinfer_draw_joint(self: Sampler, probs: torch.Tensor, args: BatchSampli
 
 def flashinfer_joint_order() -> contextlib.AbstractContextManager[None]:
     return swap(Sampler, "flashinfer_draw", _flashinfer_draw_joint)
+
+
+def _prepare_params_any(self: BaseSampler, params: list[Any], pad: int) -> Any:
+    """The parameter-block cache checks the batch size only: a batch of new params gets the block of the last one."""
+    kept = self._prepared.get(len(params) + pad)
+    return kept if kept is not None else _ORIGINAL_PREPARE_PARAMS(self, params, pad)
+
+
+def param_block_stale() -> contextlib.AbstractContextManager[None]:
+    return swap(BaseSampler, "_prepare_params", _prepare_params_any)
 
 
 def _params_not_loaded(self: BaseSampler, args: BatchSamplingArgs) -> None:
