@@ -49,7 +49,6 @@ class _Prepared:
     """What prepare() derives from a batch's params alone, kept while the same params objects come back in order."""
 
     params: tuple[SamplingParams, ...]
-    pad: int
     block: torch.Tensor
     rows: sample_graph.Rows
     greedy: list[bool]
@@ -121,15 +120,14 @@ class BaseSampler(ABC):
 
     def _prepare_params(self, params: list[SamplingParams], pad: int) -> _Prepared:
         """The parameter block and what the rows use, uploaded once per run of identical params (frozen objects)."""
-        kept = self._prepared.get(len(params) + pad)
-        if kept is not None and kept.pad == pad and len(kept.params) == len(params) and all(
-                map(operator.is_, kept.params, params)):
+        kept = self._prepared.get(len(params) + pad)  # equal lengths below make the padding equal too
+        if kept is not None and len(kept.params) == len(params) and all(map(operator.is_, kept.params, params)):
             return kept
         # One upload: the row tensors are views of the parameter block a captured draw reads too.
         block = sample_graph.upload_block(params, pad, self.vocab_size, self.device)
         greedy = [p.is_greedy for p in params]
         filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
-        kept = _Prepared(tuple(params), pad, block, sample_graph.unpack(block, len(params)), greedy,
+        kept = _Prepared(tuple(params), block, sample_graph.unpack(block, len(params)), greedy,
                          max(filtering_ks, default=0), any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g),
                          any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g))
         self._prepared[len(params) + pad] = kept
@@ -230,9 +228,9 @@ class BaseSampler(ABC):
         own)."""
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
-        seeded = [(row, seed, position) for row, (seed, position) in enumerate(zip(args.row_seeds, args.row_positions))
-                  if seed is not None]
-        if seeded:
+        if any(seed is not None for seed in args.row_seeds):  # a seeded row without its position is an error here
+            seeded = [(row, seed, position) for row, (seed, position)
+                      in enumerate(zip(args.row_seeds, args.row_positions, strict=True)) if seed is not None]
             keys = upload(host_tensor([value for column in zip(*seeded) for value in column]), self.device).view(3, -1)
             self._seeded_noise(noise, keys[0], keys[1], keys[2])
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
