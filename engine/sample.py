@@ -21,6 +21,7 @@ from .sample_noise import generator_noise_, seeded_noise_for
 from .sample_rows import row_passes_for, top_k_filter, top_k_top_p_filter
 
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
+_DRAW_MODES = ("draw", "draw_min_p")  # the graph modes FlashInfer draws in: without min-p, with it
 
 
 @dataclass
@@ -259,6 +260,8 @@ class BaseSampler(ABC):
 class Sampler(BaseSampler):
     """The reference: HF's filters in torch; on CUDA optionally FlashInfer's kernels."""
 
+    graph_modes_without_min_p = frozenset({"draw"})
+
     def __init__(
         self, device: torch.device, vocab_size: int, seed: int | None = None, use_flashinfer: bool | None = None
     ) -> None:
@@ -297,11 +300,9 @@ class Sampler(BaseSampler):
     def draws_with_flashinfer(self, args: BatchSamplingArgs) -> bool:
         return self.use_flashinfer and all(seed is None for seed in args.row_seeds)
 
-    graph_modes_without_min_p = frozenset({"draw"})
-
     def graph_modes(self) -> tuple[str, ...]:
         """Also 'draw' and 'draw_min_p': an unseeded batch drawn by FlashInfer's kernels, without min-p and with."""
-        drawn = ("draw", "draw_min_p") if self.use_flashinfer else ()
+        drawn = _DRAW_MODES if self.use_flashinfer else ()
         return (*drawn, *super().graph_modes())
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
@@ -311,7 +312,7 @@ class Sampler(BaseSampler):
 
     def graph_undo(self, mode: str) -> Callable[[], None]:
         """A captured FlashInfer draw moves only the Philox offset, by one stride: its undo moves it back."""
-        if mode in ("draw", "draw_min_p") and self.use_flashinfer:
+        if mode in _DRAW_MODES and self.use_flashinfer:
             return self._rewind_philox
         return super().graph_undo(mode)
 
@@ -319,7 +320,7 @@ class Sampler(BaseSampler):
         self.philox_offset.sub_(_PHILOX_STRIDE)
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
-        if mode in ("draw", "draw_min_p") and self.use_flashinfer:
+        if mode in _DRAW_MODES and self.use_flashinfer:
             return None
         return super()._graph_draw_fn(mode, seeds, positions)
 
