@@ -23,6 +23,8 @@ WITH_NORM = "norm_rope: with a q/k norm"
 ONE_ROW = "linear: a single row (the GEMV's case)"
 BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
 FUSED_ROW = "norm_linear: a single row (where the norm folds into the GEMV)"
+MANY_ROWS = "linear: more rows than the GEMV's 8 (the skinny GEMM's case, up to its 64, and past it)"
+FUSED_ROWS = "norm_linear: more rows than the GEMV's 8 (where the norm folds into the skinny GEMM)"
 
 
 @settings(max_examples=examples(2.0))
@@ -57,19 +59,21 @@ def test_silu_and_mul(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({ONE_ROW: 0.2})
+@floors({ONE_ROW: 0.2, MANY_ROWS: 0.2})
 def test_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
     exercised(ONE_ROW, case.x.shape[0] == 1)
+    exercised(MANY_ROWS, case.x.shape[0] > 8)
     layers.check_linear(op_bench, case)
 
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({FUSED_ROW: 0.2})
+@floors({FUSED_ROW: 0.2, FUSED_ROWS: 0.2})
 def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_linear_cases(op_bench.dtype), label="case")
     exercised(FUSED_ROW, case.x.shape[0] == 1)
+    exercised(FUSED_ROWS, case.x.shape[0] > 8)
     layers.check_norm_linear(op_bench, case)
 
 

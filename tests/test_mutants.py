@@ -69,6 +69,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
+    "gemm_k_tail_dropped",
     "top_p_chunk_carry_dropped", "tempered_argmax_last_tie",
 }
 
@@ -77,13 +78,14 @@ def _patched() -> tuple[type | ModuleType, ...]:
     """PATCHED, plus the Triton kernels' modules where triton is installed (importing it imports triton)."""
     if importlib.util.find_spec("triton") is None:
         return PATCHED
+    import engine.layers.triton_gemm as triton_gemm
     import engine.layers.triton_gemv as triton_gemv
     import engine.layers.triton_kernels as triton_kernels
     import engine.sample_rows_triton as sample_rows_triton
     import engine.sample_triton as sample_triton
     import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels, triton_gemv, step_triton, sample_triton, sample_rows_triton)
+    return (*PATCHED, triton_kernels, triton_gemv, triton_gemm, step_triton, sample_triton, sample_rows_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:

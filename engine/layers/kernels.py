@@ -168,16 +168,19 @@ class InvariantKernels(TorchKernels):
 
 
 class TritonKernels(LayerKernels):
-    """Fused Triton launches (triton_kernels.py, triton_gemv.py); what they cannot serve goes to torch (declines)."""
+    """Fused Triton launches (triton_kernels.py, triton_gemv.py, triton_gemm.py); what they cannot serve goes to
+    torch (declines)."""
 
     name = "triton"
     fuses_residual = True
 
     def __init__(self) -> None:
-        from . import triton_gemv, triton_kernels
+        from . import triton_gemm, triton_gemv, triton_kernels
 
         self._k: ModuleType = triton_kernels
         self._gemv: ModuleType = triton_gemv
+        self._gemm: ModuleType = triton_gemm
+        self._gemm_arrivals: dict[torch.device, torch.Tensor] = {}
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self._k.rms_norm(x, weight, eps)
@@ -213,9 +216,20 @@ class TritonKernels(LayerKernels):
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
-        if self.declines("linear", x, weight, bias, gated) is None:
+        if self._gemv.gemv_fits(x, weight, gated):
             return self._gemv.gemv(x, weight, bias, gated)
+        if self.declines("linear", x, weight, bias, gated) is None:  # the skinny GEMM: SiLU first, in its own launch
+            return self._gemm.gemm(self.silu_and_mul(x) if gated else x, weight, bias, self._arrivals(x.device))
         return super().linear(x, weight, bias, gated)
+
+    def _product_fits(self, x: object, weight: object, gated: bool) -> bool:
+        return bool(self._gemv.gemv_fits(x, weight, gated) or self._gemm.gemm_fits(x, weight, gated))
+
+    def _arrivals(self, device: torch.device) -> torch.Tensor:
+        """The skinny GEMM's split counters, one buffer per device (they come back to zero after each launch)."""
+        if device not in self._gemm_arrivals:
+            self._gemm_arrivals[device] = torch.zeros(self._gemm.MAX_TILES, dtype=torch.int32, device=device)
+        return self._gemm_arrivals[device]
 
     def norm_linear(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -235,10 +249,10 @@ class TritonKernels(LayerKernels):
             return "the KV store's tiles need a power-of-two number of kv heads, unit inner strides, a contiguous pool"
         if op == "norm_rope_store" and not self._k.norm_rope_store_fits(args[0], args[1], args[6], args[7]):
             return "the fused RoPE + KV store needs q and k in one dtype and unit inner strides in the KV slots"
-        if op == "linear" and not self._gemv.gemv_fits(args[0], args[1], bool(args[3])):
+        if op == "linear" and not self._product_fits(args[0], args[1], bool(args[3])):
             return (
-                "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows and GEMV_MAX_OUT outputs, "
-                "row-major weights"
+                "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, the skinny GEMM up to "
+                "GEMM_MAX_ROWS rows; both up to GEMV_MAX_OUT outputs of 16-bit row-major weights"
             )
         if op == "norm_linear" and not self._gemv.gemv_fits(args[0], args[4]):
             return "the norm folds into the GEMV only where the GEMV serves the product; else add_rms_norm, then linear"

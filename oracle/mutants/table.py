@@ -423,6 +423,16 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "gemm_k_tail_dropped",
+            "the skinny GEMM (2 to GEMM_MAX_ROWS rows: decode batches past the GEMV's) runs whole K tiles only: a "
+            "product whose K is off its 128-wide tile drops the last columns' terms",
+            "triton-lang/triton#630 (a GEMM wrong once K is not a multiple of the block); split-K and tiled GEMMs "
+            "whose loop bound is K // BLOCK_K",
+            kernels.gemm_k_tail_dropped,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "host_copy_unwaited",
             "the host tokens are read without waiting for the device-to-host copy's event",
             "vllm-project/vllm#45357 (a step's tokens used while the next step was still in flight)",

@@ -198,6 +198,11 @@ def check_silu_and_mul(bench: Bench, case: GateUpCase) -> None:
 # ---- linear (the small-batch GEMV where an implementation has one) ------------------------------------------------
 
 
+# One row (the GEMV's case), each side of its most narrowing rows (8) and of the skinny GEMM's row tiles (16, 32) and
+# most rows (64, GEMM_MAX_ROWS in engine/layers/triton_gemm.py): past it, the product declines to torch.
+product_rows = edge_sizes((8, 16, 32, 64), 1, 65)
+
+
 @dataclass(frozen=True)
 class LinearCase:
     x: torch.Tensor  # [rows, K] or, gated, [rows, 2K]
@@ -210,7 +215,7 @@ class LinearCase:
 
 @st.composite
 def linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> LinearCase:
-    rows = draw(st.just(1) | edge_sizes((8,), 1, 17))  # one row: the GEMV's case
+    rows = draw(st.just(1) | product_rows)
     k = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
     n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
     gated = draw(st.booleans())
@@ -268,7 +273,7 @@ class NormLinearCase:
 
 @st.composite
 def norm_linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> NormLinearCase:
-    rows = draw(st.just(1) | edge_sizes((8,), 1, 17))  # one row, and each side of the GEMV's most (narrowing) rows
+    rows = draw(st.just(1) | product_rows)
     k = draw(st.integers(1025, 3000) | edge_sizes(BLOCK_EDGES, 1, 3000))  # rows of several K blocks as often
     n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
     # Not subnormal: the normed rows' products would fall below float32's normal range, outside dot_bound.

@@ -50,6 +50,7 @@ def label(key: str, name: str) -> str:
 BUILTIN_HOMES = (
     Home(label("kernels", "triton"), "engine.layers.triton_kernels", launches=True),
     Home(label("kernels", "triton"), "engine.layers.triton_gemv", launches=True),
+    Home(label("kernels", "triton"), "engine.layers.triton_gemm", launches=True),
     Home(label("kernels", "triton"), "engine.attention.page_ids", launches=True),
     Home(label("kernels", "triton_invariant"), "engine.layers.triton_kernels", launches=True),
     Home(label("kernels", "triton_invariant"), "engine.layers.triton_matmul", launches=True),

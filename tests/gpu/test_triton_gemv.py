@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from gpu_support import KERNEL_DEVICE as DEVICE
 from gpu_support import needs_kernel_device  # noqa: E402
 
-from engine.layers import triton_gemv  # noqa: E402
+from engine.layers import triton_gemm, triton_gemv  # noqa: E402
 from engine.layers.kernels import TORCH_KERNELS, TritonKernels  # noqa: E402
 from oracle.tolerance import KERNEL_ULPS, dot_bound, rounding_bound  # noqa: E402
 
@@ -66,11 +66,12 @@ def test_norm_gemv_is_the_gemv_of_the_normed_rows(rows: int, n: int, k: int, res
     assert bool((gap <= bound).all()), f"max gap {gap.max().item()}"
 
 
-def test_norm_linear_declines_what_the_gemv_does_not_serve() -> None:
-    """Nine rows of a narrowing product, and any widening one past a row, go to add_rms_norm and then linear."""
+def test_norm_linear_declines_what_the_gemv_and_gemm_do_not_serve() -> None:
+    """Rows past the skinny GEMM's, and a column-major weight, go to add_rms_norm and then linear."""
     kernels = TritonKernels()
-    for rows, n, k in ((triton_gemv.GEMV_MAX_ROWS + 1, 24, 50), (2, 50, 24)):
+    for rows, n, k, column_major in ((triton_gemm.GEMM_MAX_ROWS + 1, 24, 50, False), (2, 50, 24, True)):
         x, r, nw, w, _ = _case(rows, n, k, True, False, 7)
+        w = w.t().contiguous().t() if column_major else w
         assert kernels.declines("norm_linear", x, r, nw, 1e-6, w, None) is not None
         out, total = kernels.norm_linear(x, r, nw, 1e-6, w)
         normed, want_total = kernels.add_rms_norm(x, r, nw, 1e-6)

@@ -178,5 +178,26 @@ def norm_gemv_rms_first_block() -> Any:
         yield
 
 
+@contextlib.contextmanager
+def gemm_k_tail_dropped() -> Any:
+    """The skinny GEMM's K loop runs whole BLOCK_K tiles only (range(0, K // BLOCK_K)): a product whose K is off the
+    tile loses its last columns' terms, and one narrower than a tile is its bias alone."""
+    from engine.layers import triton_gemm
+
+    original = triton_gemm.gemm
+
+    def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args: Any) -> torch.Tensor:
+        out = original(x, weight, bias, *args)
+        k = weight.shape[1]
+        kept = k // triton_gemm.BLOCK_K * triton_gemm.BLOCK_K
+        if kept == k:
+            return out
+        lost = x.reshape(-1, k)[:, kept:].float() @ weight[:, kept:].float().T
+        return (out.float() - lost.view(out.shape)).to(out.dtype)
+
+    with swap(triton_gemm, "gemm", gemm):
+        yield
+
+
 def host_copy_unwaited() -> contextlib.AbstractContextManager[None]:
     return swap(ForwardOutput, "wait", _wait_for_nothing)
