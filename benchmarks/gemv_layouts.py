@@ -12,27 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import graph_us
+
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 CALLS, REPLAYS = 50, 10
 
 
 def us_per_call(x: torch.Tensor, weight: torch.Tensor) -> float:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        F.linear(x, weight)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(CALLS):
-                F.linear(x, weight)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        end.synchronize()
-    return start.elapsed_time(end) / (CALLS * REPLAYS) * 1e3
+    return graph_us(lambda: [F.linear(x, weight) for _ in range(CALLS)], REPLAYS) / CALLS
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ WITH_NORM = "norm_rope: with a q/k norm"
 ONE_ROW = "linear: a single row (the GEMV's case)"
 BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
 FUSED_ROW = "norm_linear: a single row (where the norm folds into the GEMV)"
-MANY_ROWS = "linear: more rows than the GEMV's 8 (the skinny GEMM's case, up to its 64, and past it)"
-FUSED_ROWS = "norm_linear: more rows than the GEMV's 8 (where the norm folds into the skinny GEMM)"
+MANY_ROWS = "linear: more rows than the GEMV's 8 (the skinny GEMM's case up to its 16, and past it)"
+FUSED_ROWS = "norm_linear: more rows than the GEMV's 8 (add + RMSNorm, then the skinny GEMM or cuBLAS)"
 
 
 @settings(max_examples=examples(2.0))

@@ -17,7 +17,7 @@ from .triton_gemv import GEMV_DTYPES, GEMV_MAX_OUT
 from .triton_kernels import _round, _rows
 from .triton_pdl import interpreted, pdl_on, pdl_release, pdl_wait
 
-GEMM_MAX_ROWS = 16
+GEMM_MAX_ROWS = 16  # cuBLAS is faster at 32 and 64 rows (RESULTS.md, issue #26's tenth part)
 BLOCK_K = 128
 MIN_PROGRAMS = 264  # two per SM of an H200
 MAX_TILES = triton.cdiv(GEMV_MAX_OUT, 16)  # the arrival counters one product may need

@@ -198,8 +198,8 @@ def check_silu_and_mul(bench: Bench, case: GateUpCase) -> None:
 # ---- linear (the small-batch GEMV where an implementation has one) ------------------------------------------------
 
 
-# One row (the GEMV's case), each side of its most narrowing rows (8) and of the skinny GEMM's row tiles (16, 32) and
-# most rows (64, GEMM_MAX_ROWS in engine/layers/triton_gemm.py): past it, the product declines to torch.
+# Each side of the GEMV's most narrowing rows (8), of the skinny GEMM's most rows (16, GEMM_MAX_ROWS in
+# engine/layers/triton_gemm.py; past it the product declines to torch) and of 32- and 64-row batches.
 product_rows = edge_sizes((8, 16, 32, 64), 1, 65)
 
 

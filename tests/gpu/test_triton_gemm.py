@@ -2,7 +2,7 @@
 TritonKernels' routing to it.
 
 Each output must lie within the float32 product's bound of the exact one. Shapes reach K on, off and under the
-128-wide tile, N tails of the column tiles, row counts each side of the 16-row dot and GEMM_MAX_ROWS, strided rows,
+128-wide tile, N tails of the column tiles, row counts each side of the 16-row dot (GEMM_MAX_ROWS), strided rows,
 and one split, a few and one per K step (whose merge must leave its counters zero and sum in a fixed order).
 
 On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Triton's interpreter.
@@ -24,9 +24,10 @@ from oracle.tolerance import dot_bound  # noqa: E402
 
 pytestmark = needs_kernel_device
 
-# (rows, N, K): K under one tile (24), off it (1030, 300) and on it (2048); N tails of 16-, 32- and 64-wide tiles;
-# 2 rows (the fewest), 17 (one past a 16-row dot) and GEMM_MAX_ROWS.
-CASES = [(2, 50, 24), (17, 130, 300), (9, 1030, 1030), (33, 33, 2048), (triton_gemm.GEMM_MAX_ROWS, 96, 1030)]
+# (rows, N, K): K under one tile (24), off it (1030, 300) and on it (2048); N tails of 64-, 32- (30) and 16-wide (13)
+# tiles; 2 rows (the fewest), 9 and GEMM_MAX_ROWS; 17 and 33, past it, which the kernel still computes (32- and 64-row
+# tiles).
+CASES = [(2, 50, 24), (17, 130, 300), (9, 1030, 1030), (33, 30, 2048), (triton_gemm.GEMM_MAX_ROWS, 13, 1030)]
 
 
 def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -48,7 +49,7 @@ def test_gemm_is_the_product(rows: int, n: int, k: int, bias: bool) -> None:
     x = _randn(gen, rows, k + 3, scale=3.0)[:, :k]  # strided rows, as a view of a wider buffer
     w = _randn(gen, n, k, scale=k**-0.5)
     b = _randn(gen, n) if bias else None
-    assert triton_gemm.gemm_fits(x, w)
+    assert triton_gemm.gemm_fits(x, w) == (rows <= triton_gemm.GEMM_MAX_ROWS)  # past it the kernel still computes
     _within(triton_gemm.gemm(x, w, b), x, w, b)
 
 
