@@ -73,7 +73,7 @@ def main() -> None:
                   f"gemm_tiles {triton_gemm.gemm_tiles(m, n, k)}")
             results[f"{m}/{name}"] = row
     kernels, cap = TritonKernels(), triton_gemm.GEMM_MAX_ROWS
-    for m in (9, 16, 32, 64):
+    for m in (2, 4, 8, 9, 16, 32, 64):
         triton_gemm.GEMM_MAX_ROWS = 64
         on = chain(m, kernels)
         triton_gemm.GEMM_MAX_ROWS = 0
