@@ -218,9 +218,9 @@ class TritonKernels(LayerKernels):
     ) -> torch.Tensor:
         if self._gemv.gemv_fits(x, weight, gated):
             return self._gemv.gemv(x, weight, bias, gated)
-        if self.declines("linear", x, weight, bias, gated) is None:  # the skinny GEMM: SiLU first, in its own launch
+        if self._gemm.gemm_fits(x, weight, gated):  # SiLU first, in its own launch
             return self._gemm.gemm(self.silu_and_mul(x) if gated else x, weight, bias, self._arrivals(x.device))
-        return super().linear(x, weight, bias, gated)
+        return super().linear(x, weight, bias, gated)  # declines says why
 
     def _product_fits(self, x: object, weight: object, gated: bool) -> bool:
         return bool(self._gemv.gemv_fits(x, weight, gated) or self._gemm.gemm_fits(x, weight, gated))

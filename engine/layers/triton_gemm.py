@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemv import GEMV_DTYPES, GEMV_MAX_OUT
+from .triton_gemv import GEMV_MAX_OUT, product_rows, weight_fits
 from .triton_kernels import _round, _rows
 from .triton_pdl import interpreted, pdl_on, pdl_release, pdl_wait
 
@@ -97,17 +97,7 @@ def _store_tile(acc, b_ptr, out_ptr, rm, rn, n_ok, mask, stride_om, HAS_BIAS: tl
 def gemm_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
     """2 to GEMM_MAX_ROWS rows of a 16-bit row-major weight of up to GEMV_MAX_OUT outputs (gated: x is [gate | up],
     SiLU-and-mul's launch makes the input)."""
-    n, k = weight.shape
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (
-        1 < rows <= GEMM_MAX_ROWS
-        and x.shape[-1] == (2 * k if gated else k)
-        and weight.stride(-1) == 1
-        and n <= GEMV_MAX_OUT
-        and weight.numel() < 2**31
-        and weight.dtype == x.dtype
-        and x.dtype in GEMV_DTYPES
-    )
+    return 1 < product_rows(x) <= GEMM_MAX_ROWS and weight_fits(x, weight, gated)
 
 
 def gemm_tiles(m: int, n: int, k: int, min_programs: int = MIN_PROGRAMS) -> GemmTiles:

@@ -125,20 +125,30 @@ def _norm_gemv_kernel(
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out.to(dt), mask=mask)
 
 
-def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """Single rows, and narrowing products up to GEMV_MAX_ROWS rows, up to GEMV_MAX_OUT outputs: elsewhere cuBLAS is as
-    fast (RESULTS.md)."""
+def product_rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def weight_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+    """What the GEMV and the skinny GEMM both need: x's width the weight's K (2K gated), a row-major 16-bit weight of
+    x's dtype, up to GEMV_MAX_OUT outputs and under 2**31 elements."""
     n, k = weight.shape
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (
-        (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n)
-        and x.shape[-1] == (2 * k if gated else k)
+        x.shape[-1] == (2 * k if gated else k)
         and weight.stride(-1) == 1
         and n <= GEMV_MAX_OUT
         and weight.numel() < 2**31
         and weight.dtype == x.dtype
         and x.dtype in GEMV_DTYPES
     )
+
+
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+    """Single rows, and narrowing products up to GEMV_MAX_ROWS rows, up to GEMV_MAX_OUT outputs: elsewhere cuBLAS is as
+    fast (RESULTS.md)."""
+    n, k = weight.shape
+    rows = product_rows(x)
+    return (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n) and weight_fits(x, weight, gated)
 
 
 def gemv_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
