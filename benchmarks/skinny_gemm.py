@@ -1,9 +1,10 @@
 """The skinny split-K Triton GEMM (engine/layers/triton_gemm.py) against cuBLAS for the Qwen3-0.6B projection shapes:
 per product, 28 distinct weights (a step's layers: more than L2 holds) in one CUDA graph, across column tiles and
 split targets; then the layer's chain through TritonKernels (norm + qkv, o_proj, norm + gate_up, SiLU + down_proj),
-the GEMM routed on and off.
+routed four ways (the GEMV
+for narrowing products or not; the GEMM or cuBLAS for the rest).
 
-    python -m benchmarks.skinny_gemm [--json PATH]
+    python -m benchmarks.skinny_gemm [--chain-only] [--json PATH]
 
 The measurement behind GEMM_MAX_ROWS and gemm_tiles (benchmarks/RESULTS.md, issue #26's tenth part).
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 from benchmarks.common import graph_us
 from benchmarks.gemv_layouts import SHAPES
-from engine.layers import triton_gemm
+from engine.layers import triton_gemm, triton_gemv
 from engine.layers.kernels import TritonKernels
 
 LAYERS = 28
@@ -42,6 +44,25 @@ def sweep(m: int, n: int, k: int) -> dict[str, float]:
     return row
 
 
+# (name, GEMV_MAX_ROWS, GEMM_MAX_ROWS): which rows each kernel may take, cuBLAS the rest.
+CHAIN_ROUTES = (
+    ("gemv narrowing + gemm", triton_gemv.GEMV_MAX_ROWS, 64),
+    ("gemv narrowing + cublas", triton_gemv.GEMV_MAX_ROWS, 0),
+    ("gemm", 1, 64),
+    ("cublas", 1, 0),
+)
+
+
+@contextmanager
+def routed(gemv_rows: int, gemm_rows: int) -> Iterator[None]:
+    saved = triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS
+    triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS = gemv_rows, gemm_rows
+    try:
+        yield
+    finally:
+        triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS = saved
+
+
 def chain(m: int, kernels: TritonKernels) -> float:
     hidden = SHAPES["qkv"][1]
     layers = [{name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
@@ -63,24 +84,24 @@ def chain(m: int, kernels: TritonKernels) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--chain-only", action="store_true", help="skip the per-product sweep")
     args = parser.parse_args()
     results: dict[str, object] = {"gpu": torch.cuda.get_device_name()}
-    for m in (16, 64):
+    for m in () if args.chain_only else (16, 64):
         for name, (n, k) in SHAPES.items():
             row = sweep(m, n, k)
             best = min((v, c) for c, v in row.items() if c != "cublas")
             print(f"M={m} {name}: cuBLAS {row['cublas']:.2f} us, best {best[1]} {best[0]:.2f} us, "
                   f"gemm_tiles {triton_gemm.gemm_tiles(m, n, k)}")
             results[f"{m}/{name}"] = row
-    kernels, cap = TritonKernels(), triton_gemm.GEMM_MAX_ROWS
-    for m in (2, 4, 8, 9, 16, 32, 64):
-        triton_gemm.GEMM_MAX_ROWS = 64
-        on = chain(m, kernels)
-        triton_gemm.GEMM_MAX_ROWS = 0
-        off = chain(m, kernels)
-        triton_gemm.GEMM_MAX_ROWS = cap
-        print(f"layer chain M={m}: {on:.2f} us a layer with the GEMM, {off:.2f} with cuBLAS")
-        results[f"chain/{m}"] = {"gemm": on, "cublas": off}
+    kernels = TritonKernels()
+    for m in (2, 3, 4, 6, 8, 9, 16, 32, 64):
+        row = {}
+        for name, gemv_rows, gemm_rows in CHAIN_ROUTES:
+            with routed(gemv_rows, gemm_rows):
+                row[name] = chain(m, kernels)
+        print(f"layer chain M={m}, us a layer: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+        results[f"chain/{m}"] = row
     if args.json:
         with open(args.json, "x") as f:
             json.dump(results, f, indent=1)
