@@ -1,12 +1,12 @@
 """The skinny split-K Triton GEMM (engine/layers/triton_gemm.py) against cuBLAS for the Qwen3-0.6B projection shapes:
 per product, 28 distinct weights (a step's layers: more than L2 holds) in one CUDA graph, across column tiles and
 split targets; then the layer's chain through TritonKernels (norm + qkv, o_proj, norm + gate_up, SiLU + down_proj),
-routed four ways (the GEMV
-for narrowing products or not; the GEMM or cuBLAS for the rest).
+routed four ways (the GEMV for narrowing products or not; the GEMM or cuBLAS for the rest).
 
     python -m benchmarks.skinny_gemm [--chain-only] [--json PATH]
 
-The measurement behind GEMM_MAX_ROWS and gemm_tiles (benchmarks/RESULTS.md, issue #26's tenth part).
+The measurements behind GEMM_MAX_ROWS, gemm_tiles and GEMV_MAX_ROWS (benchmarks/RESULTS.md, issue #26's tenth and
+eleventh parts).
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ def sweep(m: int, n: int, k: int) -> dict[str, float]:
     return row
 
 
-# (name, GEMV_MAX_ROWS, GEMM_MAX_ROWS): which rows each kernel may take, cuBLAS the rest.
+# (name, GEMV_MAX_ROWS, GEMM_MAX_ROWS): the GEMV takes single rows and narrowing products up to its rows, the GEMM
+# the rows past those up to its own, cuBLAS the rest.
 CHAIN_ROUTES = (
-    ("gemv narrowing + gemm", triton_gemv.GEMV_MAX_ROWS, 64),
-    ("gemv narrowing + cublas", triton_gemv.GEMV_MAX_ROWS, 0),
-    ("gemm", 1, 64),
+    ("default", triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS),
+    ("gemv narrowing to 8 rows + cublas", 8, 0),
+    ("gemm from 2 rows", 1, 64),
     ("cublas", 1, 0),
 )
 

@@ -23,8 +23,8 @@ WITH_NORM = "norm_rope: with a q/k norm"
 ONE_ROW = "linear: a single row (the GEMV's case)"
 BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
 FUSED_ROW = "norm_linear: a single row (where the norm folds into the GEMV)"
-MANY_ROWS = "linear: more rows than the GEMV's 8 (the skinny GEMM's case up to its 16, and past it)"
-FUSED_ROWS = "norm_linear: more rows than the GEMV's 8 (add + RMSNorm, then the skinny GEMM or cuBLAS)"
+MANY_ROWS = "linear: more rows than the GEMV's 2 (the skinny GEMM's case up to its 16, and past it)"
+FUSED_ROWS = "norm_linear: more rows than the GEMV's 2 (add + RMSNorm, then the skinny GEMM or cuBLAS)"
 
 
 @settings(max_examples=examples(2.0))
@@ -63,7 +63,7 @@ def test_silu_and_mul(data: st.DataObject, op_bench: Bench) -> None:
 def test_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
     exercised(ONE_ROW, case.x.shape[0] == 1)
-    exercised(MANY_ROWS, case.x.shape[0] > 8)
+    exercised(MANY_ROWS, case.x.shape[0] > 2)
     layers.check_linear(op_bench, case)
 
 
@@ -73,7 +73,7 @@ def test_linear(data: st.DataObject, op_bench: Bench) -> None:
 def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_linear_cases(op_bench.dtype), label="case")
     exercised(FUSED_ROW, case.x.shape[0] == 1)
-    exercised(FUSED_ROWS, case.x.shape[0] > 8)
+    exercised(FUSED_ROWS, case.x.shape[0] > 2)
     layers.check_norm_linear(op_bench, case)
 
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from engine import ATTENTION_BACKENDS, LAYER_KERNELS, SAMPLERS, ConfigError, Engine, EngineConfig, Req, SamplingParams
-from engine.attention import BaseAttnBackend, Hybrid, HybridAttnBackend, Route, TorchAttnBackend, TritonDecodeBackend
+from engine.attention import (
+    DECODE_MAX_BS,
+    BaseAttnBackend,
+    Hybrid,
+    HybridAttnBackend,
+    Route,
+    TorchAttnBackend,
+    TritonDecodeBackend,
+)
 from engine.core import Batch, Context
 from engine.driver import StaticDriver
 from engine.kvcache import KVCachePool
@@ -175,12 +183,12 @@ def test_a_hybrid_captures_graphs_only_where_each_captured_size_has_a_capturing_
 
 
 def test_the_triton_backend_states_its_routes_and_takes_the_first_usable_rest() -> None:
-    """`triton` is Triton decode up to bs 1 beside FlashInfer, else every decode batch beside torch; built here on
-    CPU with a recording stand-in for the Triton decode backend, so the torch route is the one taken."""
+    """`triton` is Triton decode up to DECODE_MAX_BS rows beside FlashInfer, else every decode batch beside torch;
+    built here on CPU with a recording stand-in for the Triton decode backend, so the torch route is the one taken."""
     factory = ATTENTION_BACKENDS.factory("triton")
     assert isinstance(factory, Hybrid)
     assert factory.decode is TritonDecodeBackend
-    assert factory.routes == (Route("flashinfer", 1), Route("torch", None))
+    assert factory.routes == (Route("flashinfer", DECODE_MAX_BS), Route("torch", None))
     stand_in = replace(factory, decode=lambda kv, table, heads, device: Recording(kv, table, heads, device, "stub"))
     pool = KVCachePool(1, 4, 1, 1, 16, torch.float32, CPU)
     backend = stand_in(pool, torch.zeros(3, 4, dtype=torch.int32), 1, CPU)

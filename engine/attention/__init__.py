@@ -21,7 +21,7 @@ from .triton_invariant import TritonInvariantBackend
 
 BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAttnBackend]
 
-DECODE_MAX_BS = 1  # past it FlashInfer stepped faster than the broadcast kernel (RESULTS.md); the dot kernel: B 1 only
+DECODE_MAX_BS = 8  # the dot kernel steps faster than FlashInfer up to 8 rows, slower at 16 (RESULTS.md, eleventh part)
 
 # The triton hybrid first: its B 1 decode steps faster than FlashInfer's (RESULTS.md, eighth part).
 ATTENTION_BACKENDS: Registry[BackendFactory] = Registry("attention_backend", preferred=("triton", "flashinfer"))

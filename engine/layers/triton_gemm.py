@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_gemv
 from .triton_gemv import GEMV_MAX_OUT, product_rows, weight_fits
 from .triton_kernels import _round, _rows
 from .triton_pdl import interpreted, pdl_on, pdl_release, pdl_wait
@@ -95,9 +96,9 @@ def _store_tile(acc, b_ptr, out_ptr, rm, rn, n_ok, mask, stride_om, HAS_BIAS: tl
 
 
 def gemm_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """2 to GEMM_MAX_ROWS rows of a 16-bit row-major weight of up to GEMV_MAX_OUT outputs (gated: x is [gate | up],
-    SiLU-and-mul's launch makes the input)."""
-    return 1 < product_rows(x) <= GEMM_MAX_ROWS and weight_fits(x, weight, gated)
+    """Past the GEMV's rows (cuBLAS takes a widening product there), up to GEMM_MAX_ROWS, of a 16-bit row-major weight
+    of up to GEMV_MAX_OUT outputs (gated: x is [gate | up], SiLU-and-mul's launch makes the input)."""
+    return triton_gemv.GEMV_MAX_ROWS < product_rows(x) <= GEMM_MAX_ROWS and weight_fits(x, weight, gated)
 
 
 def gemm_tiles(m: int, n: int, k: int, min_programs: int = MIN_PROGRAMS) -> GemmTiles:

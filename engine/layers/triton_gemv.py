@@ -11,7 +11,7 @@ import triton.language as tl
 from .triton_kernels import _round, _rows
 from .triton_pdl import pdl_on, pdl_release, pdl_wait
 
-GEMV_MAX_ROWS = 8
+GEMV_MAX_ROWS = 2  # from 3 rows the skinny GEMM runs the layer faster (RESULTS.md, eleventh part)
 GEMV_MAX_OUT = 65536  # a vocabulary-wide LM head streams at full bandwidth through cuBLAS (RESULTS.md)
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
 

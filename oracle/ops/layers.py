@@ -198,9 +198,10 @@ def check_silu_and_mul(bench: Bench, case: GateUpCase) -> None:
 # ---- linear (the small-batch GEMV where an implementation has one) ------------------------------------------------
 
 
-# Each side of the GEMV's most narrowing rows (8), of the skinny GEMM's most rows (16, GEMM_MAX_ROWS in
-# engine/layers/triton_gemm.py; past it the product declines to torch) and of 32- and 64-row batches.
-product_rows = edge_sizes((8, 16, 32, 64), 1, 65)
+# Each side of the GEMV's most rows (2, GEMV_MAX_ROWS in engine/layers/triton_gemv.py; the skinny GEMM takes the
+# rows past it), of the skinny GEMM's most rows (16, GEMM_MAX_ROWS in engine/layers/triton_gemm.py; past it the
+# product declines to torch), of the 8-row batch and of 32- and 64-row batches.
+product_rows = edge_sizes((2, 8, 16, 32, 64), 1, 65)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 from gpu_support import HAS_FLASHINFER, gpu_engine, needs_cuda, random_prompt
 
 from engine import Batch, Engine, EngineConfig, ForwardOutput, Req, SamplingParams
+from engine.attention import DECODE_MAX_BS
 from engine.attention.hybrid import HybridAttnBackend
 from engine.kvcache import KVCachePool
 from engine.layers.linear import Linear, MergedLinear
@@ -20,14 +21,14 @@ pytestmark = needs_cuda
 
 
 def test_auto_picks_cuda_bf16_and_the_right_backend(tiny_models: dict[str, Path], wide_models: dict[str, Path]) -> None:
-    # auto takes the triton hybrid: bs-1 decode on Triton, the rest on FlashInfer where it serves (head_dim 64 and
-    # the package), else every decode on Triton and the rest on torch; graphs either way.
+    # auto takes the triton hybrid: decode up to DECODE_MAX_BS rows on Triton, the rest on FlashInfer where it serves
+    # (head_dim 64 and the package), else every decode on Triton and the rest on torch; graphs either way.
     for models, rest in ((tiny_models, "torch"), (wide_models, "flashinfer" if HAS_FLASHINFER else "torch")):
         engine = Engine(EngineConfig(str(models["llama"]), num_page_override=16, max_running_req=2))
         assert engine.device.torch_device == torch.device("cuda", 0) and engine.dtype == torch.bfloat16
         backend = engine.attn_backend
         assert isinstance(backend, HybridAttnBackend) and backend.name == "triton" and engine.graph_runner.enabled
-        assert backend.rest.name == rest and backend.decode_max_bs == (None if rest == "torch" else 1)
+        assert backend.rest.name == rest and backend.decode_max_bs == (None if rest == "torch" else DECODE_MAX_BS)
         engine.shutdown()
 
 

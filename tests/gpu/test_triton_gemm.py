@@ -18,16 +18,17 @@ triton = pytest.importorskip("triton")
 from gpu_support import KERNEL_DEVICE as DEVICE  # noqa: E402
 from gpu_support import needs_kernel_device  # noqa: E402
 
-from engine.layers import triton_gemm  # noqa: E402
+from engine.layers import triton_gemm, triton_gemv  # noqa: E402
 from engine.layers.kernels import TritonKernels  # noqa: E402
 from oracle.tolerance import dot_bound  # noqa: E402
 
 pytestmark = needs_kernel_device
 
 # (rows, N, K): K under one tile (24), off it (1030, 300) and on it (2048); N tails of 64-, 32- (30) and 16-wide (13)
-# tiles; 2 rows (the fewest), 9 and GEMM_MAX_ROWS; 17 and 33, past it, which the kernel still computes (32- and 64-row
-# tiles).
-CASES = [(2, 50, 24), (17, 130, 300), (9, 1030, 1030), (33, 30, 2048), (triton_gemm.GEMM_MAX_ROWS, 13, 1030)]
+# tiles; 3 rows (the fewest routed to it), 9 and GEMM_MAX_ROWS; 2, 17 and 33, outside its rows, which the kernel
+# still computes (32- and 64-row tiles past 16).
+CASES = [(2, 50, 24), (3, 64, 300), (17, 130, 300), (9, 1030, 1030), (33, 30, 2048),
+         (triton_gemm.GEMM_MAX_ROWS, 13, 1030)]
 
 
 def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -49,7 +50,8 @@ def test_gemm_is_the_product(rows: int, n: int, k: int, bias: bool) -> None:
     x = _randn(gen, rows, k + 3, scale=3.0)[:, :k]  # strided rows, as a view of a wider buffer
     w = _randn(gen, n, k, scale=k**-0.5)
     b = _randn(gen, n) if bias else None
-    assert triton_gemm.gemm_fits(x, w) == (rows <= triton_gemm.GEMM_MAX_ROWS)  # past it the kernel still computes
+    fits = triton_gemv.GEMV_MAX_ROWS < rows <= triton_gemm.GEMM_MAX_ROWS
+    assert triton_gemm.gemm_fits(x, w) == fits  # outside them the kernel still computes
     _within(triton_gemm.gemm(x, w, b), x, w, b)
 
 
@@ -70,8 +72,8 @@ def test_every_split_count_sums_the_same_product(splits: int) -> None:
 
 
 def test_triton_kernels_route_rows_past_the_gemv_to_the_gemm() -> None:
-    """9 to GEMM_MAX_ROWS rows (gated too: SiLU-and-mul first, and after add + RMSNorm) take the GEMM; past it, or
-    column-major, torch."""
+    """Rows past the GEMV's up to GEMM_MAX_ROWS (gated too: SiLU-and-mul first, and after add + RMSNorm) take the GEMM;
+    a widening product of the GEMV's rows, more rows than GEMM_MAX_ROWS, or a column-major weight, torch."""
     kernels = TritonKernels()
     gen = torch.Generator().manual_seed(3)
     w = _randn(gen, 40, 300, scale=300**-0.5)
@@ -84,6 +86,11 @@ def test_triton_kernels_route_rows_past_the_gemv_to_the_gemm() -> None:
     out, total = kernels.norm_linear(x, r, nw, 1e-6, w)
     normed, want_total = kernels.add_rms_norm(x, r, nw, 1e-6)
     assert torch.equal(total, want_total) and torch.equal(out, triton_gemm.gemm(normed, w, None))
+    widening = _randn(gen, 300, 40, scale=40**-0.5)
+    few = _randn(gen, triton_gemv.GEMV_MAX_ROWS + 1, 40)
+    assert kernels.declines("linear", few, widening, None, False) is None
+    assert torch.equal(kernels.linear(few, widening), triton_gemm.gemm(few, widening, None))
+    assert kernels.declines("linear", few[: triton_gemv.GEMV_MAX_ROWS], widening, None, False) is not None
     many = _randn(gen, triton_gemm.GEMM_MAX_ROWS + 1, 300)
     assert kernels.declines("linear", many, w, None, False) is not None
     assert kernels.declines("linear", x, w.t().contiguous().t(), None, False) is not None

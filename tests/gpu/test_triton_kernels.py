@@ -131,6 +131,7 @@ def test_gemv_is_within_a_rounding_of_the_exact_product(
 
 def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_kernels: LayerKernels) -> None:
     from engine.layers import triton_gemv as tk
+    from engine.layers.triton_gemm import GEMM_MAX_ROWS
 
     narrowing = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     widening = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
@@ -144,11 +145,12 @@ def test_gemv_leaves_larger_batches_and_column_major_weights_to_cublas(triton_ke
     assert not tk.gemv_fits(x(1, 64), narrowing.t().contiguous().t())
     assert not tk.gemv_fits(x(1, 63), narrowing) and not tk.gemv_fits(x(1, 64), narrowing, gated=True)
     assert tk.gemv_fits(x(1, 128), narrowing, gated=True)
-    rows = x(3, 100)[:, 10:74]  # row stride 100, not 64
+    rows = x(tk.GEMV_MAX_ROWS, 100)[:, 10:74]  # row stride 100, not 64
     exact = rows.double() @ narrowing.double().T
     gap = (triton_kernels.linear(rows, narrowing).double() - exact).abs()
     assert bool((gap <= dot_bound(exact, rows.double().abs() @ narrowing.double().abs().T, 64, torch.bfloat16)).all())
-    for inputs, w in ((x(tk.GEMV_MAX_ROWS + 1, 64), narrowing), (x(2, 32), widening)):
+    # Past the skinny GEMM's rows, and a widening product of the GEMV's rows: cuBLAS.
+    for inputs, w in ((x(GEMM_MAX_ROWS + 1, 64), narrowing), (x(tk.GEMV_MAX_ROWS, 32), widening)):
         assert torch.equal(triton_kernels.linear(inputs, w), torch.nn.functional.linear(inputs, w))
 
 
