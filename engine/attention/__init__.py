@@ -23,7 +23,8 @@ BackendFactory = Callable[[KVCachePool, torch.Tensor, int, torch.device], BaseAt
 
 DECODE_MAX_BS = 8  # the dot kernel steps faster than FlashInfer up to 8 rows, slower at 16 (RESULTS.md, eleventh part)
 
-# The triton hybrid first: its B 1 decode steps faster than FlashInfer's (RESULTS.md, eighth part).
+# The triton hybrid first: its decode up to DECODE_MAX_BS rows steps faster than FlashInfer's (RESULTS.md, eighth and
+# eleventh parts).
 ATTENTION_BACKENDS: Registry[BackendFactory] = Registry("attention_backend", preferred=("triton", "flashinfer"))
 
 
