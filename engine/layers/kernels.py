@@ -251,8 +251,8 @@ class TritonKernels(LayerKernels):
             return "the fused RoPE + KV store needs q and k in one dtype and unit inner strides in the KV slots"
         if op == "linear" and not self._product_fits(args[0], args[1], bool(args[3])):
             return (
-                "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, the skinny GEMM up to "
-                "GEMM_MAX_ROWS rows; both up to GEMV_MAX_OUT outputs of 16-bit row-major weights"
+                "the GEMV serves single rows and narrowing products up to GEMV_MAX_ROWS rows, the skinny GEMM the rows "
+                "past those up to GEMM_MAX_ROWS; both up to GEMV_MAX_OUT outputs of 16-bit row-major weights"
             )
         if op == "norm_linear" and not self._gemv.gemv_fits(args[0], args[4]):
             return "the norm folds into the GEMV only where the GEMV serves the product; else add_rms_norm, then linear"

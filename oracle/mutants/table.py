@@ -424,8 +424,8 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "gemm_k_tail_dropped",
-            "the skinny GEMM (2 to GEMM_MAX_ROWS rows: decode batches past the GEMV's) runs whole K tiles only: a "
-            "product whose K is off its 128-wide tile drops the last columns' terms",
+            "the skinny GEMM (decode batches past GEMV_MAX_ROWS, up to GEMM_MAX_ROWS rows) runs whole K tiles only: "
+            "a product whose K is off its 128-wide tile drops the last columns' terms",
             "triton-lang/triton#630 (a GEMM wrong once K is not a multiple of the block); split-K and tiled GEMMs "
             "whose loop bound is K // BLOCK_K",
             kernels.gemm_k_tail_dropped,
