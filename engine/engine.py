@@ -67,6 +67,7 @@ class Engine:
         self._init_attention(choices)
         self.sampler = SAMPLERS.factory(choices.sampler)(self.device.torch_device, self.model_config.vocab_size,
                                                           sampler_seed)
+        self.sampler.declare_logits_dtype(self.dtype)  # the model's logits are its dtype's values, upcast
         self._init_graphs(choices)
         self._init_cpu_threads()  # last: a constructor that fails earlier leaves the thread count alone
 

@@ -18,7 +18,7 @@ from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
-from .sample_rows import row_passes_for, top_k_filter, top_k_top_p_filter
+from .sample_rows import KEYS_EXACT_BELOW, SortKeys, row_passes_for, top_k_filter, top_k_top_p_filter
 
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
 _DRAW_MODES = ("draw", "draw_min_p")  # the graph modes FlashInfer draws in: without min-p, with it
@@ -43,6 +43,7 @@ class BatchSamplingArgs:
     graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
     # uint8: the parameter block (engine/sample_graph.py) that graph_mode's captured step loads; the row tensors view it
     graph_params: torch.Tensor | None = None
+    keys_exact: bool = True  # every sampled row's temperature under KEYS_EXACT_BELOW: top-p may sort 16-bit logits
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class _Prepared:
     top_k_max: int  # 0: no row filters by top-k
     use_p: bool
     use_min_p: bool
+    keys_exact: bool
 
 
 DrawFn = Callable[[torch.Tensor, "BatchSamplingArgs"], torch.Tensor]
@@ -82,6 +84,13 @@ class BaseSampler(ABC):
             self.generator.manual_seed(seed)
         self._greedy_rows: dict[int, sample_graph.Rows] = {}
         self._prepared: dict[int, _Prepared] = {}  # by padded size: a decode batch's params repeat step after step
+        self._key_dtype: torch.dtype | None = None  # the 16-bit dtype top-p sorts the logits in, if any
+
+    def declare_logits_dtype(self, dtype: torch.dtype) -> None:
+        """Every logits row will hold values of `dtype` (the engine declares its model's, before capturing graphs):
+        a 16-bit one lets top-p sort the logits in it where the row passes do so (docs/sampling.md, keys)."""
+        exact = dtype in (torch.bfloat16, torch.float16)
+        self._key_dtype = dtype if exact and self._row_passes.sorts_logits else None
 
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed`."""
@@ -113,7 +122,8 @@ class BaseSampler(ABC):
         rows = got.rows
         args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if got.top_k_max else None,
                                  got.top_k_max, rows.top_p if got.use_p else None,
-                                 rows.min_p if got.use_min_p else None, row_seeds, positions, uids, got.greedy)
+                                 rows.min_p if got.use_min_p else None, row_seeds, positions, uids, got.greedy,
+                                 keys_exact=got.keys_exact)
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
             args.graph_params = got.block if args.graph_mode is not None else None
@@ -127,10 +137,11 @@ class BaseSampler(ABC):
         # One upload: the row tensors are views of the parameter block a captured draw reads too.
         block = sample_graph.upload_block(params, pad, self.vocab_size, self.device)
         greedy = [p.is_greedy for p in params]
-        filtering_ks = [p.top_k for p, g in zip(params, greedy) if not g and 0 < p.top_k < self.vocab_size]
+        sampled = [p for p, g in zip(params, greedy) if not g]
+        filtering_ks = [p.top_k for p in sampled if 0 < p.top_k < self.vocab_size]
         kept = _Prepared(tuple(params), block, sample_graph.unpack(block, len(params)), greedy,
-                         max(filtering_ks, default=0), any(p.top_p < 1.0 for p, g in zip(params, greedy) if not g),
-                         any(p.min_p > 0.0 for p, g in zip(params, greedy) if not g))
+                         max(filtering_ks, default=0), any(p.top_p < 1.0 for p in sampled),
+                         any(p.min_p > 0.0 for p in sampled), all(p.temperature < KEYS_EXACT_BELOW for p in sampled))
         self._prepared[len(params) + pad] = kept
         return kept
 
@@ -171,7 +182,8 @@ class BaseSampler(ABC):
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         sampled_seeds = [seed for seed, greedy in zip(args.row_seeds, args.greedy_rows) if not greedy]
-        return "seeded" if "seeded" in self.graph_modes() and None not in sampled_seeds else None
+        keys_fit = args.keys_exact or self._key_dtype is None  # a captured step sorts as declared
+        return "seeded" if "seeded" in self.graph_modes() and None not in sampled_seeds and keys_fit else None
 
     def load_graph_params(self, args: BatchSamplingArgs) -> None:
         """Copy a batch's graph_params into the static buffer its captured step reads (before the replay)."""
@@ -380,7 +392,10 @@ class Sampler(BaseSampler):
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
+            keys = None
+            if self._key_dtype is not None and args.keys_exact:
+                keys = SortKeys(logits.to(self._key_dtype), args.temperature)
+            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes, keys)
         elif args.top_k is not None:
             scores = top_k_filter(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:

@@ -32,6 +32,7 @@ from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import InvariantKernels, TorchKernels, TritonInvariantKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
+from engine.sample_rows import SortKeys
 from engine.step import ForwardOutput, slots
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.killers import KillersError, killers, parse_killers
@@ -43,6 +44,7 @@ from oracle.target import parse
 PATCHED: tuple[type | ModuleType, ...] = (
     BaseSampler,
     Sampler,
+    SortKeys,
     Engine,
     KVCachePool,
     RMSNorm,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from scipy.stats import binomtest
 
 from engine import Batch, NonFiniteLogitsError, Req, SamplingParams, sample_graph
 from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
+from engine.sample_rows import KEYS_EXACT_BELOW, SortKeys, top_k_top_p_filter
 from oracle.checks import check_filtered_distribution
 from oracle.sampler import reference_distribution
 
@@ -305,3 +307,22 @@ def test_top_k_off_the_sorted_row_is_top_k_by_topk(device: str) -> None:
     assert torch.equal(probs(top_k, vocab, torch.ones(bs, dtype=torch.float64), torch.zeros(bs)), by_topk)
     assert torch.equal((by_topk > 0).sum(dim=-1) >= top_k.clamp(max=(logits > float("-inf")).sum(dim=-1)),
                        torch.ones(bs, dtype=torch.bool))  # ties with the k-th stay
+
+
+def test_top_p_sorts_the_scores_where_the_temperature_rounds_16_bit_logits_together() -> None:
+    """Past KEYS_EXACT_BELOW two adjacent bf16 subnormals divide to one float32 score: a sampler that sorts 16-bit
+    logits (as on CUDA) must sort the scores there, eagerly, and HF's tie rule keeps the higher index."""
+    sampler = Sampler(torch.device("cpu"), 2, 0, use_flashinfer=False)
+    sampler._row_passes = dataclasses.replace(sampler._row_passes, sorts_logits=True)  # CUDA's choice, here on CPU
+    sampler.declare_logits_dtype(torch.bfloat16)
+    logits = torch.tensor([[2 * 2.0**-133, 2.0**-133]])
+    temperature = 1.5 * KEYS_EXACT_BELOW
+    args = sampler.prepare(_batch([SamplingParams(temperature=temperature, top_p=0.5, seed=7)]))
+    assert sampler._graph_mode(args) is None  # a captured step sorts the 16-bit keys
+    assert sampler.filtered_probs(logits, args).tolist() == [[0.0, 1.0]]
+    t = torch.tensor([temperature])
+    by_keys = top_k_top_p_filter(logits / t, None, torch.tensor([0.5], dtype=torch.float64), sampler._row_passes,
+                                 SortKeys(logits.to(torch.bfloat16), t))
+    assert (by_keys > float("-inf")).tolist() == [[True, True]]  # what the keys would have kept: no cut
+    under = sampler.prepare(_batch([SamplingParams(temperature=KEYS_EXACT_BELOW - 1.0, top_p=0.5, seed=7)]))
+    assert sampler._graph_mode(under) == "seeded"

@@ -253,6 +253,14 @@ MUTANTS: dict[str, Mutant] = {
             device="cuda",
         ),
         Mutant(
+            "top_p_keys_from_rounded_scores",
+            "the 16-bit sort keys of top-p are the tempered scores rounded to the model's dtype, not its logits: "
+            "distinct logits whose scores round alike tie, and a cut among them keeps the wrong ones",
+            "sgl-project/sglang#773 (sampling moved from float16 to float32 logits), PaddlePaddle/PaddleNLP#7337 "
+            "(top-p sorted bf16 probabilities), embeddings-benchmark/mteb#4934 (bf16 scores collapsed into ties)",
+            sampling.top_p_keys_from_rounded_scores,
+        ),
+        Mutant(
             "tempered_argmax_last_tie",
             "the CUDA row pass that gives a FlashInfer-drawn batch its tempered softmax and greedy argmax takes the "
             "last of a row's tied maxima: a greedy row beside sampled ones no longer gets HF's first argmax",

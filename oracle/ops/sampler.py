@@ -44,7 +44,7 @@ def _declared(bench: Bench, sampler: BaseSampler, args: BatchSamplingArgs) -> tu
 
 @dataclass(frozen=True)
 class ProbsCase:
-    logits: torch.Tensor  # float32 [rows, vocab]
+    logits: torch.Tensor  # float32 [rows, vocab], rounded to the target's dtype by the check
     params: tuple[SamplingParams, ...]
     sampler_seed: int
 
@@ -59,20 +59,23 @@ def probs_cases(draw: st.DrawFn) -> ProbsCase:
 
 
 def check_sampler_probs(bench: Bench, case: ProbsCase) -> None:
+    """As an engine's sampler sees them: logits of the target's dtype, upcast, and that dtype declared."""
     vocab = case.logits.shape[1]
     sampler = bench.target.make_sampler(vocab, case.sampler_seed)
+    sampler.declare_logits_dtype(bench.dtype)
+    logits = case.logits.to(bench.dtype).float()
     args = _args(sampler, list(case.params), [1] * len(case.params))
     expected, declared = _declared(bench, sampler, args)
     got = bench.traced("sampler probs", expected, declared,
-                       lambda: sampler.row_distributions(case.logits.to(sampler.device), args))
+                       lambda: sampler.row_distributions(logits.to(sampler.device), args))
     for r, p in enumerate(case.params):
         if p.temperature == 0.0:
             continue
-        why = check_filtered_distribution(got[r], reference_distribution(case.logits[r], p),
+        why = check_filtered_distribution(got[r], reference_distribution(logits[r], p),
                                           decides_on_probs=declared is None and sampler.use_flashinfer)
         if why is not None:
-            raise AssertionError(f"op sampler probs at logits[{len(case.params)}, {vocab}] float32, row {r}, {p}: "
-                                 f"{why}")
+            raise AssertionError(f"op sampler probs at logits[{len(case.params)}, {vocab}] of {bench.dtype} values, "
+                                 f"row {r}, {p}: {why}")
 
 
 @dataclass(frozen=True)

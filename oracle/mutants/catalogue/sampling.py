@@ -167,6 +167,18 @@ def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
     return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
 
 
+def _ascending_by_rounded_scores(self: sample_rows.SortKeys) -> tuple[torch.Tensor, torch.Tensor]:
+    """SortKeys.ascending ordering by the scores rounded to the logits' 16-bit dtype: distinct logits whose scores
+    round alike fall into index order."""
+    temperature = self.temperature.unsqueeze(1)
+    order = (self.logits.float() / temperature).to(self.logits.dtype).sort(dim=-1, stable=True).indices
+    return self.logits.gather(1, order).float() / temperature, order
+
+
+def top_p_keys_from_rounded_scores() -> contextlib.AbstractContextManager[None]:
+    return swap(sample_rows.SortKeys, "ascending", _ascending_by_rounded_scores)
+
+
 def _tempered_softmax_last_tie(
     logits: torch.Tensor, temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
