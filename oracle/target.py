@@ -131,7 +131,8 @@ class Target(TargetSpec):
         return EngineConfig(str(model), **settings)
 
     def make_sampler(self, vocab_size: int, seed: int) -> BaseSampler:
-        """The target's token sampler on its device, as an engine would build it."""
+        """The target's token sampler on its device, as an engine would build it, but with no logits dtype declared:
+        it takes any float32 logits (BaseSampler.declare_logits_dtype)."""
         where = Where(self.torch_device, self.torch_dtype, self.head_dim)
         return SAMPLERS.factory(SAMPLERS.resolve(self.sampler, where))(self.torch_device, vocab_size, seed)
 
