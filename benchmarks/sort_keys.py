@@ -1,6 +1,7 @@
 """The seeded sampler's stable full-vocabulary sort (engine/sample_rows.top_k_top_p_filter) by its float32 scores
 against a stable sort of the 16-bit logits they were divided from (SortKeys; the same order and ties, docs/sampling.md
-keys), alone and inside top-p's filter; the orders and the kept tokens are compared on every call.
+keys), alone and inside top-p's filter, and two untried variants (one 1-D sort of packed row + key words; the
+division in one pass); the orders, values and kept tokens are compared on every call.
 
     python -m benchmarks.sort_keys [--json PATH]
 
@@ -20,6 +21,19 @@ from engine.sample_rows import SortKeys, row_passes_for, top_k_top_p_filter
 VOCAB = 151936
 
 
+def packed_keys(logits16: torch.Tensor) -> torch.Tensor:
+    """int32 [bs, vocab]: the row above 16 order-preserving bits of each 16-bit logit (one sort orders every row)."""
+    bits = logits16.view(torch.int16).int() & 0xFFFF
+    ordered = torch.where(bits >= 0x8000, 0xFFFF - bits, bits | 0x8000)
+    rows = torch.arange(logits16.shape[0], device=logits16.device, dtype=torch.int32).unsqueeze(1)
+    return (rows << 16) | ordered
+
+
+def _one_pass(logits16: torch.Tensor, temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    values, order = logits16.sort(dim=-1, stable=True)
+    return torch.div(values, temperature.unsqueeze(1)), order  # bf16 / float32 computes in float32: the same bits
+
+
 def run(bs: int) -> dict[str, float | bool]:
     gen = torch.Generator(device="cuda").manual_seed(bs)
     logits = (torch.randn(bs, VOCAB, device="cuda", generator=gen) * 3).to(torch.bfloat16).float()
@@ -31,10 +45,16 @@ def run(bs: int) -> dict[str, float | bool]:
     values, order = SortKeys(logits.to(torch.bfloat16), temperature).ascending()
     filtered = top_k_top_p_filter(scores, None, top_p, passes)
     same = torch.equal(order, want_order) and torch.equal(values, want_values)
+    same = same and torch.equal(_one_pass(logits.to(torch.bfloat16), temperature)[0], want_values)
     same = same and torch.equal(filtered, top_k_top_p_filter(scores, None, top_p, passes,
                                                              SortKeys(logits.to(torch.bfloat16), temperature)))
+    packed_order = packed_keys(logits.to(torch.bfloat16)).view(-1).sort(stable=True).indices.view(bs, -1) % VOCAB
+    same = same and torch.equal(packed_order, want_order)
     return {
         "float32 scores": graph_us(lambda: scores.sort(dim=-1, stable=True)),
+        "packed int32 keys, one 1-D sort": graph_us(
+            lambda: packed_keys(logits.to(torch.bfloat16)).view(-1).sort(stable=True)),
+        "SortKeys with one division pass": graph_us(lambda: _one_pass(logits.to(torch.bfloat16), temperature)),
         "bf16 logits": graph_us(lambda: logits.to(torch.bfloat16).sort(dim=-1, stable=True)),
         "bf16 logits + gather": graph_us(lambda: scores.gather(1, logits.to(torch.bfloat16).sort(
             dim=-1, stable=True).indices)),
