@@ -13,6 +13,7 @@ import argparse
 import runpy
 import sys
 
+from benchmarks.skinny_gemm import routed
 from engine.attention import ATTENTION_BACKENDS, Hybrid, Route, TritonDecodeBackend
 
 DECODE_CAPS = (1, 2, 4, 8, 16)
@@ -26,19 +27,13 @@ def main() -> None:
     args = parser.parse_args()
     if not args.command:
         parser.error("name the benchmark module to run")
-    if args.gemv_max_rows is not None or args.gemm_max_rows is not None:
-        from engine.layers import triton_gemm, triton_gemv
-
-        if args.gemv_max_rows is not None:
-            triton_gemv.GEMV_MAX_ROWS = args.gemv_max_rows
-        if args.gemm_max_rows is not None:
-            triton_gemm.GEMM_MAX_ROWS = args.gemm_max_rows
     ATTENTION_BACKENDS.register("triton_all", Hybrid("triton_all", TritonDecodeBackend, (Route("flashinfer", None),)))
     for cap in DECODE_CAPS:
         name = f"triton_{cap}"
         ATTENTION_BACKENDS.register(name, Hybrid(name, TritonDecodeBackend, (Route("flashinfer", cap),)))
     sys.argv = args.command
-    runpy.run_module(args.command[0], run_name="__main__", alter_sys=True)
+    with routed(args.gemv_max_rows, args.gemm_max_rows):
+        runpy.run_module(args.command[0], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

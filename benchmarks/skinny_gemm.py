@@ -55,9 +55,13 @@ CHAIN_ROUTES = (
 
 
 @contextmanager
-def routed(gemv_rows: int, gemm_rows: int) -> Iterator[None]:
+def routed(gemv_rows: int | None, gemm_rows: int | None) -> Iterator[None]:
+    """GEMV_MAX_ROWS and GEMM_MAX_ROWS set for the block (None: left as they are), then put back."""
     saved = triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS
-    triton_gemv.GEMV_MAX_ROWS, triton_gemm.GEMM_MAX_ROWS = gemv_rows, gemm_rows
+    if gemv_rows is not None:
+        triton_gemv.GEMV_MAX_ROWS = gemv_rows
+    if gemm_rows is not None:
+        triton_gemm.GEMM_MAX_ROWS = gemm_rows
     try:
         yield
     finally:
