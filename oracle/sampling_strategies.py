@@ -60,8 +60,13 @@ def tie_heavy_rows(draw: st.DrawFn, vocab_size: int) -> torch.Tensor:
     else:
         scale = draw(st.sampled_from(LOGIT_SCALES))
         row = (torch.randn(vocab_size, generator=gen) * scale).to(torch.bfloat16).float()
-    dead = torch.rand(vocab_size, generator=gen) < draw(st.sampled_from(MASKED_SHARES))
-    dead[int(torch.randint(vocab_size, (1,), generator=gen))] = False
+    return with_dead_tokens(row, draw(st.sampled_from(MASKED_SHARES)), gen)
+
+
+def with_dead_tokens(row: torch.Tensor, share: float, gen: torch.Generator) -> torch.Tensor:
+    """row with about `share` of its tokens -inf, never all of them."""
+    dead = torch.rand(row.shape[0], generator=gen) < share
+    dead[int(torch.randint(row.shape[0], (1,), generator=gen))] = False
     return row.masked_fill(dead, float("-inf"))
 
 

@@ -21,7 +21,7 @@ from engine.sample_rows import KEYS_EXACT_BELOW, SortKeys, row_passes_for, top_k
 from oracle.budget import examples
 from oracle.coverage import exercised, floors
 from oracle.ops.strategies import BLOCK_EDGES, edge_sizes
-from oracle.sampling_strategies import MASKED_SHARES
+from oracle.sampling_strategies import MASKED_SHARES, with_dead_tokens
 from oracle.strategies import seeds
 from oracle.target import Target
 
@@ -41,9 +41,7 @@ def keyed_rows(draw: st.DrawFn, vocab: int, dtype: torch.dtype) -> torch.Tensor:
         rungs = torch.randint(draw(st.integers(2, 16)), (vocab,), generator=gen, dtype=torch.int16)
         start = row[:1].abs().view(torch.int16)
         row = (start + rungs).view(dtype) * (1.0 if draw(st.booleans()) else -1.0)
-    dead = torch.rand(vocab, generator=gen) < draw(st.sampled_from(MASKED_SHARES))
-    dead[int(torch.randint(vocab, (1,), generator=gen))] = False
-    return row.masked_fill(dead, float("-inf"))
+    return with_dead_tokens(row, draw(st.sampled_from(MASKED_SHARES)), gen)
 
 
 def _cut_events(logits: torch.Tensor, scores: torch.Tensor, kept: torch.Tensor) -> tuple[bool, bool]:
