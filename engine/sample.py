@@ -18,7 +18,7 @@ from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
 from .sample_noise import generator_noise_, seeded_noise_for
-from .sample_rows import KEYS_EXACT_BELOW, SortKeys, row_passes_for, top_k_filter, top_k_top_p_filter
+from .sample_rows import KEYS_EXACT_BELOW, row_passes_for, top_k_filter, top_k_top_p_filter
 
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
 _DRAW_MODES = ("draw", "draw_min_p")  # the graph modes FlashInfer draws in: without min-p, with it
@@ -84,13 +84,13 @@ class BaseSampler(ABC):
             self.generator.manual_seed(seed)
         self._greedy_rows: dict[int, sample_graph.Rows] = {}
         self._prepared: dict[int, _Prepared] = {}  # by padded size: a decode batch's params repeat step after step
-        self._key_dtype: torch.dtype | None = None  # the 16-bit dtype top-p sorts the logits in, if any
+        self._key_dtype: torch.dtype | None = None  # the 16-bit dtype whose values top-p counts, if any
 
     def declare_logits_dtype(self, dtype: torch.dtype) -> None:
         """Every logits row will hold values of `dtype` (the engine declares its model's, before capturing graphs):
-        a 16-bit one lets top-p sort the logits in it where the row passes do so (docs/sampling.md, keys)."""
+        a 16-bit one lets top-p filter by counts of those values where the row passes can (docs/sampling.md, keys)."""
         exact = dtype in (torch.bfloat16, torch.float16)
-        self._key_dtype = dtype if exact and self._row_passes.sorts_logits else None
+        self._key_dtype = dtype if exact and self._row_passes.probs_by_keys is not None else None
 
     def reseed(self, seed: int) -> None:
         """Restart every random stream from `seed`."""
@@ -390,12 +390,12 @@ class Sampler(BaseSampler):
         return torch.where(off.unsqueeze(1), probs, renormed)
 
     def filtered_probs(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        by_keys = self._row_passes.probs_by_keys
+        if args.top_p is not None and by_keys is not None and self._key_dtype is not None and args.keys_exact:
+            return by_keys(logits, args.temperature, args.top_k, args.top_p, args.min_p, self._key_dtype)
         scores = logits / args.temperature.unsqueeze(1)
         if args.top_p is not None:
-            keys = None
-            if self._key_dtype is not None and args.keys_exact:
-                keys = SortKeys(logits.to(self._key_dtype), args.temperature)
-            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes, keys)
+            scores = top_k_top_p_filter(scores, args.top_k, args.top_p, self._row_passes)
         elif args.top_k is not None:
             scores = top_k_filter(scores, args.top_k, args.top_k_max)
         if args.min_p is not None:

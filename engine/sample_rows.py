@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -59,9 +60,18 @@ def keep_from(scores: torch.Tensor, value: torch.Tensor, index: torch.Tensor) ->
     return scores.masked_fill((scores < value) | ((scores == value) & (cols < index)), float("-inf"))
 
 
+class ProbsByKeys(Protocol):
+    """(logits holding 16-bit values, temperature, top_k, top_p, min_p, their dtype) → the filtered probabilities,
+    from the logits' 16-bit keys (docs/sampling.md, keys)."""
+
+    def __call__(self, logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                 top_p: torch.Tensor, min_p: torch.Tensor | None, key_dtype: torch.dtype, /) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class RowPasses:
-    sorts_logits: bool  # top-p's sort reads 16-bit logits where they are (SortKeys): fewer radix passes on CUDA
+    # Top-k, top-p, min-p and the softmax from counts of the logits' 16-bit keys (CUDA's): no sort; None elsewhere.
+    probs_by_keys: ProbsByKeys | None
     softmax: Callable[[torch.Tensor], torch.Tensor]
     top_p_removed: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
     keep_from: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,7 +80,7 @@ class RowPasses:
     min_p_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-TORCH_ROW_PASSES = RowPasses(False, softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask)
+TORCH_ROW_PASSES = RowPasses(None, softmax, top_p_removed, keep_from, tempered_softmax, min_p_renorm, min_p_mask)
 
 
 def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch.Tensor:
@@ -80,31 +90,16 @@ def top_k_filter(scores: torch.Tensor, top_k: torch.Tensor, width: int) -> torch
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
-@dataclass(frozen=True)
-class SortKeys:
-    """What scores = logits / temperature came from, where the logits hold 16-bit values: sorted stably, they give
-    the scores' stable order, whose values are then the sorted logits over the temperature (docs/sampling.md, keys)."""
-
-    logits: torch.Tensor  # [bs, vocab] in the 16-bit dtype whose values the float32 logits hold
-    temperature: torch.Tensor  # float32 [bs], every sampled row's under KEYS_EXACT_BELOW
-
-    def ascending(self) -> tuple[torch.Tensor, torch.Tensor]:
-        values, order = self.logits.sort(dim=-1, stable=True)
-        return values.float() / self.temperature.unsqueeze(1), order  # the same division as the scores'
-
-
-KEYS_EXACT_BELOW = 2.0**16  # temperatures from here on can round adjacent tiny logits' quotients together
+KEYS_EXACT_BELOW = 2.0**16  # from here on, a temperature can round adjacent tiny 16-bit logits' quotients together
 
 
 def top_k_top_p_filter(
-    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses,
-    keys: SortKeys | None = None,
+    scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, rows: RowPasses
 ) -> torch.Tensor:
-    """HF's top-k (if any) then top-p from one stable ascending sort (of the scores, or of `keys`): the k-th largest
-    score is read off the sorted row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered
-    row into. Both remove a prefix of that order, so the kept tokens are those at or after its first kept (score,
-    index)."""
-    values, order = scores.sort(dim=-1, stable=True) if keys is None else keys.ascending()
+    """HF's top-k (if any) then top-p from one stable ascending sort: the k-th largest score is read off the sorted
+    row, and top-k's cut (a prefix of it) leaves the order top-p would sort the filtered row into. Both remove a prefix
+    of that order, so the kept tokens are those at or after its first kept (score, index)."""
+    values, order = scores.sort(dim=-1, stable=True)
     kth = None if top_k is None else values.gather(1, (scores.shape[-1] - top_k).unsqueeze(1)).squeeze(1)
     first = rows.top_p_removed(values, kth, (1.0 - top_p).float()).unsqueeze(1)
     return rows.keep_from(scores, values.gather(1, first).squeeze(1), order.gather(1, first).squeeze(1))
@@ -112,8 +107,9 @@ def top_k_top_p_filter(
 
 def row_passes_for(device: torch.device) -> RowPasses:
     if triton_kernels_run_on(device):
+        from . import sample_keys_triton
         from . import sample_rows_triton as kernels
 
-        return RowPasses(True, kernels.softmax, kernels.top_p_removed, kernels.keep_from, kernels.tempered_softmax,
-                         kernels.min_p_renorm, kernels.min_p_mask)
+        return RowPasses(sample_keys_triton.filtered_probs_by_keys, kernels.softmax, kernels.top_p_removed,
+                         kernels.keep_from, kernels.tempered_softmax, kernels.min_p_renorm, kernels.min_p_mask)
     return TORCH_ROW_PASSES

@@ -32,7 +32,6 @@ from engine.kvcache.pool import KVCachePool
 from engine.layers.kernels import InvariantKernels, TorchKernels, TritonInvariantKernels, TritonKernels
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
-from engine.sample_rows import SortKeys
 from engine.step import ForwardOutput, slots
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.killers import KillersError, killers, parse_killers
@@ -44,7 +43,6 @@ from oracle.target import parse
 PATCHED: tuple[type | ModuleType, ...] = (
     BaseSampler,
     Sampler,
-    SortKeys,
     Engine,
     KVCachePool,
     RMSNorm,
@@ -72,7 +70,8 @@ PATCHED: tuple[type | ModuleType, ...] = (
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
     "gemm_k_tail_dropped",
-    "top_p_chunk_carry_dropped", "tempered_argmax_last_tie",
+    "top_p_chunk_carry_dropped", "tempered_argmax_last_tie", "top_p_keys_from_rounded_scores",
+    "key_counts_signed_zeros_apart",
 }
 
 
@@ -83,11 +82,13 @@ def _patched() -> tuple[type | ModuleType, ...]:
     import engine.layers.triton_gemm as triton_gemm
     import engine.layers.triton_gemv as triton_gemv
     import engine.layers.triton_kernels as triton_kernels
+    import engine.sample_keys_triton as sample_keys_triton
     import engine.sample_rows_triton as sample_rows_triton
     import engine.sample_triton as sample_triton
     import engine.step.triton as step_triton
 
-    return (*PATCHED, triton_kernels, triton_gemv, triton_gemm, step_triton, sample_triton, sample_rows_triton)
+    return (*PATCHED, triton_kernels, triton_gemv, triton_gemm, step_triton, sample_triton, sample_rows_triton,
+            sample_keys_triton)
 
 
 def _snapshot() -> dict[tuple[str, str], object]:
@@ -127,10 +128,11 @@ def test_a_kill_table_runs_only_the_mutants_whose_path_its_target_takes() -> Non
     triton = mutants_for("cuda", parse("cuda-bf16,attention=triton"))
     assert "flashinfer_last_page_len_modulo" in flashinfer and "triton_decode_lengths_frozen" not in flashinfer
     assert "triton_decode_lengths_frozen" in triton and "flashinfer_last_page_len_modulo" not in triton
-    # Every CUDA target copies its host tokens, draws seeded noise and runs the sampler's row passes with Triton;
-    # nothing else of the CUDA mutants runs on the torch one.
+    # Every CUDA target copies its host tokens, draws seeded noise and runs the sampler's row passes (the key-count
+    # filter among them) with Triton; nothing else of the CUDA mutants runs on the torch one.
     assert "gemv_gate_unactivated" in flashinfer and mutants_for("cuda", parse("cuda-bf16-torch")) == [
-        "seeded_noise_by_row", "top_p_chunk_carry_dropped", "host_copy_unwaited"
+        "seeded_noise_by_row", "top_p_chunk_carry_dropped", "top_p_keys_from_rounded_scores",
+        "key_counts_signed_zeros_apart", "host_copy_unwaited"
     ]
     assert "graph_positions_stale" not in mutants_for("cuda", parse("cuda-bf16,graphs=off"))
     invariant = ["linear_rows_by_count", "attention_decode_padded", "norm_reduction_by_block_count"]  # its own code

@@ -11,7 +11,7 @@ from scipy.stats import binomtest
 
 from engine import Batch, NonFiniteLogitsError, Req, SamplingParams, sample_graph
 from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
-from engine.sample_rows import KEYS_EXACT_BELOW, SortKeys, top_k_top_p_filter
+from engine.sample_rows import KEYS_EXACT_BELOW
 from oracle.checks import check_filtered_distribution
 from oracle.sampler import reference_distribution
 
@@ -310,19 +310,25 @@ def test_top_k_off_the_sorted_row_is_top_k_by_topk(device: str) -> None:
 
 
 def test_top_p_sorts_the_scores_where_the_temperature_rounds_16_bit_logits_together() -> None:
-    """Past KEYS_EXACT_BELOW two adjacent bf16 subnormals divide to one float32 score: a sampler that sorts 16-bit
-    logits (as on CUDA) must sort the scores there, eagerly, and HF's tie rule keeps the higher index."""
+    """Past KEYS_EXACT_BELOW two adjacent bf16 subnormals divide to one float32 score, which HF's tie rule splits by
+    index, where their two 16-bit keys would order them: a sampler that filters by key counts (as on CUDA) must sort
+    the scores there, eagerly; under the bound it counts the keys, in the captured step too."""
+    calls: list[torch.dtype] = []
+
+    def by_keys(logits: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(logits.dtype)
+        return torch.full_like(logits, float("nan"))
+
     sampler = Sampler(torch.device("cpu"), 2, 0, use_flashinfer=False)
-    sampler._row_passes = dataclasses.replace(sampler._row_passes, sorts_logits=True)  # CUDA's choice, here on CPU
+    sampler._row_passes = dataclasses.replace(sampler._row_passes, probs_by_keys=by_keys)  # CUDA's choice, on CPU
     sampler.declare_logits_dtype(torch.bfloat16)
     logits = torch.tensor([[2 * 2.0**-133, 2.0**-133]])
     temperature = 1.5 * KEYS_EXACT_BELOW
+    scores = logits / temperature
+    assert scores[0, 0] == scores[0, 1] and logits[0, 0] != logits[0, 1]  # one score, two keys
     args = sampler.prepare(_batch([SamplingParams(temperature=temperature, top_p=0.5, seed=7)]))
-    assert sampler._graph_mode(args) is None  # a captured step sorts the 16-bit keys
-    assert sampler.filtered_probs(logits, args).tolist() == [[0.0, 1.0]]
-    t = torch.tensor([temperature])
-    by_keys = top_k_top_p_filter(logits / t, None, torch.tensor([0.5], dtype=torch.float64), sampler._row_passes,
-                                 SortKeys(logits.to(torch.bfloat16), t))
-    assert (by_keys > float("-inf")).tolist() == [[True, True]]  # what the keys would have kept: no cut
+    assert sampler._graph_mode(args) is None  # a captured step counts the 16-bit keys
+    assert sampler.filtered_probs(logits, args).tolist() == [[0.0, 1.0]] and not calls
     under = sampler.prepare(_batch([SamplingParams(temperature=KEYS_EXACT_BELOW - 1.0, top_p=0.5, seed=7)]))
     assert sampler._graph_mode(under) == "seeded"
+    assert sampler.filtered_probs(logits, under).isnan().all() and calls == [torch.float32]

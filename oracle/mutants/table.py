@@ -254,11 +254,21 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "top_p_keys_from_rounded_scores",
-            "the 16-bit sort keys of top-p are the tempered scores rounded to the model's dtype, not its logits: "
-            "distinct logits whose scores round alike tie, and a cut among them keeps the wrong ones",
+            "the CUDA key-count filter bins the tempered scores rounded to the model's dtype, not its logits: "
+            "distinct logits whose scores round alike share a bin, and a cut among them keeps the wrong ones",
             "sgl-project/sglang#773 (sampling moved from float16 to float32 logits), PaddlePaddle/PaddleNLP#7337 "
             "(top-p sorted bf16 probabilities), embeddings-benchmark/mteb#4934 (bf16 scores collapsed into ties)",
             sampling.top_p_keys_from_rounded_scores,
+            device="cuda",
+        ),
+        Mutant(
+            "key_counts_signed_zeros_apart",
+            "the CUDA key-count filter bins -0.0 apart from +0.0, below it: a top-p or top-k cut through a run of "
+            "zero scores removes the negative zeros first, where HF's stable sort ties them and removes by index",
+            "NVIDIA/cub#218 (radix sort digits made -0.0 and +0.0 tie, in stable order), JakubValtar/radsort#5 (a "
+            "radix sort ordered -0.0 before 0.0), JuliaStats/StatsBase.jl#831 (radix and dict counts split zeros)",
+            sampling.key_counts_signed_zeros_apart,
+            device="cuda",
         ),
         Mutant(
             "tempered_argmax_last_tie",

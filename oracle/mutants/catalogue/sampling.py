@@ -167,16 +167,40 @@ def top_p_chunk_carry_dropped() -> contextlib.AbstractContextManager[None]:
     return swap(sample_rows_triton, "top_p_removed", _top_p_removed_chunk_carry_dropped)
 
 
-def _ascending_by_rounded_scores(self: sample_rows.SortKeys) -> tuple[torch.Tensor, torch.Tensor]:
-    """SortKeys.ascending ordering by the scores rounded to the logits' 16-bit dtype: distinct logits whose scores
-    round alike fall into index order."""
-    temperature = self.temperature.unsqueeze(1)
-    order = (self.logits.float() / temperature).to(self.logits.dtype).sort(dim=-1, stable=True).indices
-    return self.logits.gather(1, order).float() / temperature, order
+@contextlib.contextmanager
+def top_p_keys_from_rounded_scores() -> Any:
+    """The key-count filter bins the tempered scores rounded to the logits' 16-bit dtype, not the logits: distinct
+    logits whose scores round alike share a bin, where a cut splits them by index."""
+    from engine import sample_keys_triton
+
+    original = sample_keys_triton.filtered_probs_by_keys
+
+    def by_rounded_scores(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                          top_p: torch.Tensor, min_p: torch.Tensor | None, key_dtype: torch.dtype) -> torch.Tensor:
+        scores = logits / temperature.unsqueeze(1)
+        binned = original(scores.to(key_dtype).float(), torch.ones_like(temperature), top_k, top_p, min_p, key_dtype)
+        return scores.masked_fill(binned == 0, float("-inf")).softmax(dim=-1)
+
+    with swap(sample_keys_triton, "filtered_probs_by_keys", by_rounded_scores):
+        yield
 
 
-def top_p_keys_from_rounded_scores() -> contextlib.AbstractContextManager[None]:
-    return swap(sample_rows.SortKeys, "ascending", _ascending_by_rounded_scores)
+@contextlib.contextmanager
+def key_counts_signed_zeros_apart() -> Any:
+    """The key-count filter gives -0.0 a bin of its own, below +0.0's (as the smallest negative subnormal here): a
+    cut through a run of zeros removes the negative ones first, where HF's stable sort ties them with +0.0."""
+    from engine import sample_keys_triton
+
+    original = sample_keys_triton.filtered_probs_by_keys
+
+    def apart(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor,
+              min_p: torch.Tensor | None, key_dtype: torch.dtype) -> torch.Tensor:
+        below_zero = -torch.finfo(key_dtype).smallest_normal * torch.finfo(key_dtype).eps
+        negative_zero = (logits == 0) & logits.signbit()
+        return original(logits.masked_fill(negative_zero, below_zero), temperature, top_k, top_p, min_p, key_dtype)
+
+    with swap(sample_keys_triton, "filtered_probs_by_keys", apart):
+        yield
 
 
 def _tempered_softmax_last_tie(
