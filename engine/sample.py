@@ -43,7 +43,7 @@ class BatchSamplingArgs:
     graph_mode: str | None = None  # the captured step that draws this batch's tokens (a decode batch of graph size)
     # uint8: the parameter block (engine/sample_graph.py) that graph_mode's captured step loads; the row tensors view it
     graph_params: torch.Tensor | None = None
-    keys_exact: bool = True  # every sampled row's temperature under KEYS_EXACT_BELOW: top-p may sort 16-bit logits
+    keys_exact: bool = True  # every sampled row's temperature under KEYS_EXACT_BELOW: top-p may count 16-bit logits
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class BaseSampler(ABC):
 
     def _graph_mode(self, args: BatchSamplingArgs) -> str | None:
         sampled_seeds = [seed for seed, greedy in zip(args.row_seeds, args.greedy_rows) if not greedy]
-        keys_fit = args.keys_exact or self._key_dtype is None  # a captured step sorts as declared
+        keys_fit = args.keys_exact or self._key_dtype is None  # a captured step filters by keys as declared
         return "seeded" if "seeded" in self.graph_modes() and None not in sampled_seeds and keys_fit else None
 
     def load_graph_params(self, args: BatchSamplingArgs) -> None:
