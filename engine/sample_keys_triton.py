@@ -36,6 +36,13 @@ def _ordered_key(x, BF16: tl.constexpr):
 
 
 @triton.jit
+def _slot(b):
+    """Where bin b's count is kept: its two bytes swapped, so the neighbouring bins that hold most of a row's tokens
+    lie in different cache lines and their atomic adds do not queue on one (benchmarks/RESULTS.md, thirteenth part)."""
+    return ((b & 0xFF) << 8) | (b >> 8)
+
+
+@triton.jit
 def _bin_score(b, t, BF16: tl.constexpr):
     """The score, value / t, of the tokens in bin b (NaN for the bins no value maps to)."""
     bits = tl.where(b >= 0x8000, b & 0x7FFF, 0xFFFF - b)
@@ -54,7 +61,7 @@ def _count_kernel(x_ptr, hist_ptr, top_ptr, stride, n, CHUNK: tl.constexpr, BF16
     cols = c * CHUNK + tl.arange(0, CHUNK)
     live = cols < n
     key = _ordered_key(tl.load(x_ptr + row * stride + cols, mask=live, other=0.0), BF16)
-    tl.atomic_add(hist_ptr + row * 65536 + key, 1, mask=live, sem="relaxed")
+    tl.atomic_add(hist_ptr + row * 65536 + _slot(key), 1, mask=live, sem="relaxed")
     tl.store(top_ptr + row * tl.num_programs(1) + c, tl.max(tl.where(live, key, 0), axis=0))
 
 
@@ -69,7 +76,7 @@ def _row_top(top_ptr, t_ptr, row, chunks, C_PAD: tl.constexpr, BF16: tl.constexp
 @triton.jit
 def _bin_weights(hist_ptr, t_ptr, row, b, top, BF16: tl.constexpr):
     """(counts, weights exp(score - top), masses count x weight) of bins b."""
-    count = tl.load(hist_ptr + row * 65536 + b)
+    count = tl.load(hist_ptr + row * 65536 + _slot(b))
     w = tl.exp(_bin_score(b, tl.load(t_ptr + row), BF16) - top)
     return count, w, tl.where(count > 0, count.to(tl.float32) * w, 0.0)
 
