@@ -17,7 +17,7 @@ from .core import Batch, Req, SamplingParams
 from .device import flashinfer_installed, host_tensor, upload
 from .errors import ConfigError, InvalidRequestError, NonFiniteLogitsError
 from .registry import Registry, Requires
-from .sample_noise import generator_noise_, seeded_noise_for
+from .sample_noise import generator_noise_, seeded_noise_for, seeded_race_for
 from .sample_rows import KEYS_EXACT_BELOW, row_passes_for, top_k_filter, top_k_top_p_filter
 
 _PHILOX_STRIDE = 1 << 20  # Philox offset per FlashInfer draw: one number per rejection round
@@ -77,6 +77,7 @@ class BaseSampler(ABC):
         self.generator = torch.Generator(device=device)
         self._graph_params = sample_graph.StaticParams(device, vocab_size)
         self._seeded_noise = seeded_noise_for(device)
+        self._seeded_race = seeded_race_for(device)
         self._row_passes = row_passes_for(device)
         if seed is None:
             self.generator.seed()
@@ -209,13 +210,10 @@ class BaseSampler(ABC):
         """How graph_draw draws in `mode`: a draw function, or None for the sampler's own _tokens."""
         if mode != "seeded":
             raise NotImplementedError(f"{type(self).__name__} does not draw in graph mode {mode!r}")
-        seeded_noise = self._seeded_noise
+        race = self._seeded_race
 
         def draw(logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-            probs = self.filtered_probs(logits, args)
-            noise = torch.empty_like(probs)
-            seeded_noise(noise, torch.arange(probs.shape[0], device=probs.device), seeds, positions)
-            return (probs / noise).argmax(dim=-1)
+            return race(self.filtered_probs(logits, args), seeds, positions)
 
         return draw
 

@@ -12,6 +12,8 @@ from .device import triton_kernels_run_on
 
 # (noise, rows, seeds, positions): fill noise[rows[i]] with the numbers of step_seed(seeds[i], positions[i])
 NoiseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# (probs, seeds, positions): the race argmax(probs / noise) per row, row i's noise keyed by (seeds[i], positions[i])
+RaceFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 
@@ -37,3 +39,17 @@ def seeded_noise_for(device: torch.device) -> NoiseFn:
 
         return seeded_noise_
     return generator_noise_
+
+
+def generator_race(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    generator_noise_(noise, torch.arange(probs.shape[0], device=probs.device), seeds, positions)
+    return (probs / noise).argmax(dim=-1)
+
+
+def seeded_race_for(device: torch.device) -> RaceFn:
+    if triton_kernels_run_on(device):
+        from .sample_triton import seeded_race
+
+        return seeded_race
+    return generator_race

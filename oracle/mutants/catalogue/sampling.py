@@ -27,6 +27,7 @@ try:  # the seeded noise's Triton kernel exists only where triton does (CUDA bui
     from engine import sample_triton
 
     _ORIGINAL_SEEDED_NOISE = sample_triton.seeded_noise_
+    _ORIGINAL_SEEDED_RACE = sample_triton.seeded_race
 except ImportError:
     sample_triton = None  # type: ignore[assignment]
 
@@ -137,6 +138,10 @@ def _noise_without_position(
     _ORIGINAL_SEEDED_NOISE(noise, rows, seeds, torch.zeros_like(positions))
 
 
+def _race_without_position(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return _ORIGINAL_SEEDED_RACE(probs, seeds, torch.zeros_like(positions))
+
+
 @contextlib.contextmanager
 def seed_position_lost() -> Iterator[None]:
     """Both keyings lose it: the host's step_seed (generator noise) and the Triton noise's positions (CUDA)."""
@@ -144,6 +149,7 @@ def seed_position_lost() -> Iterator[None]:
         stack.enter_context(swap(sample_noise, "step_seed", _step_seed_without_position))
         if sample_triton is not None:
             stack.enter_context(swap(sample_triton, "seeded_noise_", _noise_without_position))
+            stack.enter_context(swap(sample_triton, "seeded_race", _race_without_position))
         yield
 
 
@@ -330,7 +336,15 @@ def _noise_keyed_by_row(noise: torch.Tensor, rows: torch.Tensor, seeds: torch.Te
     _ORIGINAL_SEEDED_NOISE(noise, rows, rows.to(torch.int64), positions)
 
 
-def seeded_noise_by_row() -> contextlib.AbstractContextManager[None]:
+def _race_keyed_by_row(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return _ORIGINAL_SEEDED_RACE(probs, torch.arange(probs.shape[0], device=probs.device), positions)
+
+
+@contextlib.contextmanager
+def seeded_noise_by_row() -> Iterator[None]:
+    """Both Triton consumers of the seeded noise: the written noise (eager draws) and the race (captured steps)."""
     if sample_triton is None:
         raise RuntimeError("seeded_noise_by_row patches the Triton seeded noise: it needs triton (CUDA)")
-    return swap(sample_triton, "seeded_noise_", _noise_keyed_by_row)
+    with (swap(sample_triton, "seeded_noise_", _noise_keyed_by_row),
+          swap(sample_triton, "seeded_race", _race_keyed_by_row)):
+        yield
