@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 NOISE_BLOCK = 1024
-RACE_BLOCK = 4096
+RACE_BLOCK = 1024
 
 
 @triton.jit

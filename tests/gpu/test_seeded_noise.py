@@ -67,9 +67,10 @@ def test_seeded_noise_is_tl_rand_at_the_stepped_key_wherever_the_row_is() -> Non
 
 def test_seeded_race_is_the_argmax_of_probs_over_the_written_noise() -> None:
     """The fused race (engine/sample_triton.seeded_race) picks what (probs / noise).argmax picks with seeded_noise_'s
-    numbers, over three chunks of its block, zeros included; of exact ties (p = noise x 2**-20 divides back exactly)
+    numbers, over nine chunks of its block, zeros included; of exact ties (p = noise x 2**-20 divides back exactly)
     the first column wins, across chunks and inside one."""
-    vocab = 2 * sample_triton.RACE_BLOCK + 5
+    block = sample_triton.RACE_BLOCK
+    vocab = 8 * block + 5
     seeds = torch.tensor(SEEDS[:6], device=DEVICE)
     positions = torch.tensor(POSITIONS[:6], device=DEVICE)
     generator = torch.Generator(device=DEVICE).manual_seed(11)
@@ -79,10 +80,10 @@ def test_seeded_race_is_the_argmax_of_probs_over_the_written_noise() -> None:
     probs[2, vocab - 1] = 1.0  # the one live token in the last chunk's tail
     noise = torch.empty(6, vocab, device=DEVICE)
     sample_triton.seeded_noise_(noise, torch.arange(6, device=DEVICE), seeds, positions)
-    for row, (first, second) in ((3, (5000, vocab - 2)), (4, (4100, 4200))):
+    for row, (first, second) in ((3, (2 * block + 10, vocab - 2)), (4, (4 * block + 4, 4 * block + 104))):
         probs[row] = noise[row] * 2.0**-22
         probs[row, first] = noise[row, first] * 2.0**-20
         probs[row, second] = noise[row, second] * 2.0**-20
     expected = (probs / noise).argmax(dim=-1)
-    assert expected[2] == vocab - 1 and expected[3] == 5000 and expected[4] == 4100
+    assert expected[2] == vocab - 1 and expected[3] == 2 * block + 10 and expected[4] == 4 * block + 4
     assert torch.equal(sample_triton.seeded_race(probs, seeds, positions), expected)
