@@ -1,6 +1,8 @@
 """The seeded sampler's filter (Sampler.filtered_probs: top-k, top-p, min-p, softmax) on CUDA by the stable float32
 sort and by the counts of the logits' 16-bit keys (engine.sample_keys_triton, docs/sampling.md keys), one CUDA graph
-per call, with the tokens each keeps compared on every call, and the key-count path's kernels profiled.
+per call, with the tokens each keeps compared on every call, and the key-count path's kernels profiled; then the
+seeded race over those probabilities, written noise + division + argmax against engine.sample_triton.seeded_race,
+their tokens compared.
 
     python -m benchmarks.key_counts [--json PATH]
 
@@ -17,7 +19,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import MIXED_PARAMS, graph_us
+from engine import sample_triton
 from engine.sample import BatchSamplingArgs, Sampler
+from oracle.environment import git_commit
 
 VOCAB = 151936
 
@@ -57,7 +61,29 @@ def run(bs: int) -> dict[str, object]:
         torch.cuda.synchronize()
     row["key counts: device us per kernel"] = {e.key[:48]: round(e.device_time_total / 10, 1)
                                                for e in prof.key_averages() if e.device_time_total > 0}
+    row.update(_race(by_keys.filtered_probs(logits, args)))
     return row
+
+
+def _race(probs: torch.Tensor) -> dict[str, object]:
+    bs = probs.shape[0]
+    seeds = torch.arange(bs, device="cuda") * 7919 + 1
+    positions = torch.arange(bs, device="cuda") + 512
+    rows = torch.arange(bs, device="cuda")
+
+    def written() -> torch.Tensor:
+        noise = torch.empty_like(probs)
+        sample_triton.seeded_noise_(noise, rows, seeds, positions)
+        return (probs / noise).argmax(dim=-1)
+
+    def fused() -> torch.Tensor:
+        return sample_triton.seeded_race(probs, seeds, positions)
+
+    return {
+        "race: rows drawing another token": int((written() != fused()).sum()),
+        "race: noise + division + argmax us": graph_us(written),
+        "race: seeded_race us": graph_us(fused),
+    }
 
 
 def main() -> None:
@@ -69,7 +95,8 @@ def main() -> None:
         print(bs, json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "us_per_call": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "commit": git_commit(), "us_per_call": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
