@@ -5,10 +5,15 @@ hooks split a captured step's metadata into static buffers, a device part inside
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..core import Batch, Context
+
+if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
+    from ..layers.norm import RMSNorm
+    from ..layers.rotary import RotaryAt
 
 
 class BaseAttnMetadata(ABC):
@@ -29,6 +34,15 @@ class BaseAttnBackend(ABC):
     def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         """Attend q over each request's cached + new tokens, all already in the KV pool (the layer stored the new ones
         at ctx.batch.out_loc). q: [tokens, qo_heads, head_dim] → [tokens, qo_heads, head_dim]."""
+
+    def forward_new_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+    ) -> torch.Tensor | None:
+        """forward on q, k, v as the layer splits them, before the q/k norm and RoPE: a backend that norms, rotates
+        and stores the new tokens inside its own kernel does it all here; None: the layer's kernels do
+        (norm_rope_store), then forward. q: [tokens, qo_heads, head_dim], k and v: [tokens, kv_heads, head_dim]."""
+        return None
 
     def describe(self) -> str:
         """Which backend serves which batches, for reports."""

@@ -4,11 +4,16 @@ where the hybrid is registered (a Route per possible `rest`) rather than inside 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..core import Batch, Context
 from .base import BaseAttnBackend
+
+if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
+    from ..layers.norm import RMSNorm
+    from ..layers.rotary import RotaryAt
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class HybridAttnBackend(BaseAttnBackend):
 
     def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         return self.backend_for(ctx.batch).forward(q, layer_id, ctx)
+
+    def forward_new_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+    ) -> torch.Tensor | None:
+        return self.backend_for(ctx.batch).forward_new_tokens(q, k, v, rope, q_norm, k_norm, layer_id, ctx)
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
         for backend, sizes in ((self.decode, [bs for bs in bs_list if self.decodes(bs)]),

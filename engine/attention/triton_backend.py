@@ -5,12 +5,17 @@ on the device, so the host builds no page metadata and a graph replays with no p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..core import Batch, Context
 from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
+    from ..layers.norm import RMSNorm
+    from ..layers.rotary import RotaryAt
 
 
 @dataclass
@@ -30,9 +35,9 @@ class TritonDecodeBackend(BaseAttnBackend):
     def __init__(
         self, kv_cache: KVCachePool, page_table: torch.Tensor, num_qo_heads: int, device: torch.device
     ) -> None:
-        from .triton_decode import choose_splits, paged_decode  # import triton: CUDA builds only
+        from . import triton_decode  # import triton: CUDA builds only
 
-        self._choose_splits, self._paged_decode = choose_splits, paged_decode
+        self._decode = triton_decode
         self.kv_cache = kv_cache
         self.page_table = page_table
         self.scale = kv_cache.head_dim**-0.5
@@ -42,7 +47,7 @@ class TritonDecodeBackend(BaseAttnBackend):
         self._max_seq_len = page_table.shape[1]
 
     def _splits(self, bs: int, max_len: int) -> int:
-        return int(self._choose_splits(bs, self.kv_cache.num_kv_heads, max_len, self._num_sms))
+        return int(self._decode.choose_splits(bs, self.kv_cache.num_kv_heads, max_len, self._num_sms))
 
     def prepare_metadata(self, batch: Batch) -> None:
         longest = max(r.device_len for r in batch.padded_reqs)
@@ -53,9 +58,32 @@ class TritonDecodeBackend(BaseAttnBackend):
         batch = ctx.batch
         meta = batch.attn_metadata
         assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
-        return self._paged_decode(
+        return self._decode.paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, batch.table_rows,
             meta.seq_lens, self.scale, meta.num_splits, self._arrivals,
+        )
+
+    def forward_new_tokens(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+    ) -> torch.Tensor | None:
+        """The layer's norm_rope_store inside the decode kernel, where the layer kernels' own is the Triton one whose
+        arithmetic that kernel repeats (LayerKernels.rope_store_fusable): one launch fewer per layer."""
+        if not ctx.kernels.rope_store_fusable():
+            return None
+        batch, meta = ctx.batch, ctx.batch.attn_metadata
+        assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
+        cos, sin = rope.table.tables_in(q.dtype)
+        new = self._decode.NewTokens(
+            k, v, batch.out_loc, cos, sin, None if q_norm is None else q_norm.weight, 0.0 if q_norm is None else
+            q_norm.eps, None if k_norm is None else k_norm.weight, 0.0 if k_norm is None else k_norm.eps,
+        )
+        k_slots, v_slots = self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id)
+        if not self._decode.fuses_new_tokens(q, new, k_slots, v_slots):
+            return None
+        return self._decode.paged_decode(
+            q, k_slots, v_slots, self.page_table, batch.table_rows, meta.seq_lens, self.scale, meta.num_splits,
+            self._arrivals, new,
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:

@@ -1,5 +1,5 @@
 """The attention layer: split qkv; optional q/k norm (the caller's, as HF keeps them on self_attn) and RoPE, fused with
-the KV store into the layer's slots; then the backend attends."""
+the KV store into the layer's slots; then the backend attends (a backend may do all of it in one kernel)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ class AttentionLayer(nn.Module):
         q = q.reshape(-1, self.num_qo_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q = ctx.kv_cache.norm_rope_store(ctx.kernels, self.layer_id, ctx.batch.out_loc, q, k, v, rope, q_norm, k_norm)
-        out = ctx.attn_backend.forward(q, self.layer_id, ctx)
+        out = ctx.attn_backend.forward_new_tokens(q, k, v, rope, q_norm, k_norm, self.layer_id, ctx)
+        if out is None:
+            q = ctx.kv_cache.norm_rope_store(ctx.kernels, self.layer_id, ctx.batch.out_loc, q, k, v, rope, q_norm,
+                                             k_norm)
+            out = ctx.attn_backend.forward(q, self.layer_id, ctx)
         return out.reshape(-1, self.q_size)

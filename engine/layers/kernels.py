@@ -80,6 +80,11 @@ class LayerKernels(ABC):
         self.store_kv(k_slots, v_slots, self.norm_rope(k, rope, k_norm), v, loc)
         return q
 
+    def rope_store_fusable(self) -> bool:
+        """Whether an attention kernel may run norm_rope_store's work in its place: only where norm_rope_store is
+        triton_kernels' own, unreplaced, whose arithmetic (_norm_rope_rows) that kernel repeats."""
+        return False
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
@@ -213,6 +218,9 @@ class TritonKernels(LayerKernels):
         (qw, q_eps), (kw, k_eps) = _weight_eps(q_norm), _weight_eps(k_norm)
         return self._k.norm_rope_store(q, k, v, rope.positions, rope.table, qw, q_eps, kw, k_eps, k_slots, v_slots, loc)
 
+    def rope_store_fusable(self) -> bool:
+        return type(self).norm_rope_store is _TRITON_NORM_ROPE_STORE
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
     ) -> torch.Tensor:
@@ -257,6 +265,10 @@ class TritonKernels(LayerKernels):
         if op == "norm_linear" and not self._gemv.gemv_fits(args[0], args[4]):
             return "the norm folds into the GEMV only where the GEMV serves the product; else add_rms_norm, then linear"
         return None
+
+
+# What rope_store_fusable compares against: a subclass's override or a patched method is not the Triton kernel.
+_TRITON_NORM_ROPE_STORE = TritonKernels.norm_rope_store
 
 
 class TritonInvariantKernels(TritonKernels):

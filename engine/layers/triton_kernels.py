@@ -47,16 +47,18 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
-    """One head's row at src, normed (HAS_NORM) and rotated to pos: its two halves, in the row's dtype."""
-    offs = tl.arange(0, HALF)
-    x1 = tl.load(src + offs)
-    x2 = tl.load(src + HALF + offs)
+def _norm_rope_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr,
+                    HALF: tl.constexpr):
+    """Head rows at src ([R, 1] pointers; masked rows give zeros), normed (HAS_NORM) and rotated to pos: their two
+    halves [R, HALF], in the rows' dtype."""
+    offs = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(src + offs, mask=rows_mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=rows_mask, other=0.0)
     dt = x1.dtype
     if HAS_NORM:
         a = x1.to(tl.float32)
         b = x2.to(tl.float32)
-        inv_rms = tl.math.rsqrt((tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * HALF) + eps)
+        inv_rms = tl.math.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
         w1 = tl.load(w_ptr + offs).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
         x1 = _round(w1 * _round(a * inv_rms, dt), dt)
@@ -71,6 +73,14 @@ def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NOR
     o1 = (_round(f1 * c1, dt) + _round(-f2 * s1, dt)).to(dt)
     o2 = (_round(f2 * c2, dt) + _round(f1 * s2, dt)).to(dt)
     return o1, o2
+
+
+@triton.jit
+def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+    """One head's row at src: _norm_rope_rows' two halves, [HALF] each."""
+    one = tl.full([1, 1], 0, tl.int32)
+    o1, o2 = _norm_rope_rows(src + one, one == 0, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM, HALF)
+    return tl.reshape(o1, [HALF]), tl.reshape(o2, [HALF])
 
 
 @triton.jit

@@ -13,6 +13,8 @@ On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs it in Tr
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -21,7 +23,16 @@ pytest.importorskip("triton")
 from gpu_support import INTERPRETED, needs_kernel_device  # noqa: E402
 from gpu_support import KERNEL_DEVICE as DEVICE
 
-from engine.attention.triton_decode import block_n, choose_splits, paged_decode, tensor_core_products  # noqa: E402
+from engine.attention.triton_decode import (  # noqa: E402
+    NewTokens,
+    block_n,
+    choose_splits,
+    paged_decode,
+    tensor_core_products,
+)
+from engine.layers import triton_kernels  # noqa: E402
+from engine.layers.rotary import RotaryEmbedding  # noqa: E402
+from engine.models.config import RopeConfig  # noqa: E402
 from oracle.tolerance import attention_bound, unit_roundoff  # noqa: E402
 
 pytestmark = [
@@ -151,6 +162,43 @@ def test_split_merge_leaves_its_counters_zero_for_the_next_launch() -> None:
     for _ in range(2):
         _check(paged_decode(**inputs, num_splits=8, arrivals=arrivals), inputs)
         assert not arrivals.any(), arrivals.tolist()
+
+
+def _new_tokens(inputs: dict, seed: int, normed: bool) -> tuple[torch.Tensor, NewTokens, torch.Tensor]:
+    """Unrotated q, the newest tokens' k and v (at seq_lens - 1, stored at their table slots) and the positions."""
+    gen = _gen(seed)
+    q = inputs["q"]
+    bs, _, head_dim = q.shape
+    dtype, kv_heads = q.dtype, inputs["k_slots"].shape[1]
+    raw = (torch.randn(bs, q.shape[1] + 2 * kv_heads, head_dim, generator=gen) * 3).to(dtype).to(DEVICE)
+    q, k, v = raw.split([q.shape[1], kv_heads, kv_heads], dim=1)  # views of one qkv row, as the layer splits them
+    positions = (inputs["seq_lens"] - 1).long()
+    loc = inputs["page_table"][inputs["table_rows"], positions].long()
+    cos, sin = RotaryEmbedding(head_dim, 4096, RopeConfig(theta=1e4), DEVICE).tables_in(dtype)
+    weights = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(DEVICE) if normed else None for _ in "qk"]
+    return q, NewTokens(k, v, loc, cos, sin, weights[0], 1e-6, weights[1], 1e-5), positions
+
+
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize(("group", "num_kv_heads", "head_dim", "layout", "num_splits", "lens"),
+                         [CASES[1], CASES[2], CASES[6], CASES[8]])
+def test_new_tokens_fused_as_norm_rope_store_then_decode(
+    normed: bool, group: int, num_kv_heads: int, head_dim: int, layout: str, num_splits: int, lens: list[int]
+) -> None:
+    """With `new`, the decode stores what the fused RoPE + KV store stores (bit for bit) and attends as the decode
+    after it, its q rotated in registers rather than read back."""
+    inputs = _case(len(lens) * 100 + head_dim, torch.bfloat16, group, num_kv_heads, head_dim, lens, layout)
+    q, new, positions = _new_tokens(inputs, head_dim + group, normed)
+    want = {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in inputs.items()}
+    rotary = SimpleNamespace(tables_in=lambda dtype: (new.cos, new.sin))
+    want["q"] = triton_kernels.norm_rope_store(
+        q, new.k, new.v, positions, rotary, new.q_weight, new.q_eps, new.k_weight, new.k_eps, want["k_slots"],
+        want["v_slots"], new.loc,
+    )
+    got = paged_decode(**{**inputs, "q": q}, num_splits=num_splits, new=new)
+    for name in ("k_slots", "v_slots"):
+        assert torch.equal(inputs[name].nan_to_num(7.0), want[name].nan_to_num(7.0)), f"{name} differ from the store's"
+    _check(got, want)
 
 
 def test_choose_splits() -> None:
