@@ -12,7 +12,7 @@ import torch
 from ..core import Batch, Context
 
 if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
-    from ..layers.norm import RMSNorm
+    from ..layers.kernels import HeadNorm
     from ..layers.rotary import RotaryAt
 
 
@@ -36,8 +36,8 @@ class BaseAttnBackend(ABC):
         at ctx.batch.out_loc). q: [tokens, qo_heads, head_dim] → [tokens, qo_heads, head_dim]."""
 
     def forward_new_tokens(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
-        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None,
+        k_norm: HeadNorm | None, layer_id: int, ctx: Context,
     ) -> torch.Tensor | None:
         """forward on q, k, v as the layer splits them, before the q/k norm and RoPE: a backend that norms, rotates
         and stores the new tokens inside its own kernel does it all here; None: the layer's kernels do

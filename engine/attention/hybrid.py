@@ -12,7 +12,7 @@ from ..core import Batch, Context
 from .base import BaseAttnBackend
 
 if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
-    from ..layers.norm import RMSNorm
+    from ..layers.kernels import HeadNorm
     from ..layers.rotary import RotaryAt
 
 
@@ -55,8 +55,8 @@ class HybridAttnBackend(BaseAttnBackend):
         return self.backend_for(ctx.batch).forward(q, layer_id, ctx)
 
     def forward_new_tokens(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
-        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None,
+        k_norm: HeadNorm | None, layer_id: int, ctx: Context,
     ) -> torch.Tensor | None:
         return self.backend_for(ctx.batch).forward_new_tokens(q, k, v, rope, q_norm, k_norm, layer_id, ctx)
 

@@ -14,7 +14,7 @@ from ..kvcache.pool import KVCachePool
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
-    from ..layers.norm import RMSNorm
+    from ..layers.kernels import HeadNorm
     from ..layers.rotary import RotaryAt
 
 
@@ -64,8 +64,8 @@ class TritonDecodeBackend(BaseAttnBackend):
         )
 
     def forward_new_tokens(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: RMSNorm | None,
-        k_norm: RMSNorm | None, layer_id: int, ctx: Context,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RotaryAt, q_norm: HeadNorm | None,
+        k_norm: HeadNorm | None, layer_id: int, ctx: Context,
     ) -> torch.Tensor | None:
         """The layer's norm_rope_store inside the decode kernel, where the layer kernels' own is the Triton one whose
         arithmetic that kernel repeats (LayerKernels.rope_store_fusable): one launch fewer per layer."""

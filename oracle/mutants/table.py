@@ -313,6 +313,18 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("attention", "triton"), ("graphs", True)),
         ),
         Mutant(
+            "triton_new_tokens_rotated_one_ahead",
+            "the Triton decode that norms, rotates and stores a step's new tokens itself reads the RoPE tables one "
+            "row late: q and the stored k are rotated to the next position (bites targets with attention=triton "
+            "and kernels=triton, in decode steps of one padded row)",
+            "fused rotary + KV-cache kernels indexing the wrong position or dropping a write (ColossalAI's decoding "
+            "fused rotary kernel, reported in Deep-Learning-Profiling-Tools/triton-viz#147; sgl-project/sglang#19636 "
+            "restored a fused RoPE + KV-store writeback)",
+            attention.triton_new_tokens_rotated_one_ahead,
+            device="cuda",
+            needs=(("attention", "triton"), ("kernels", "triton")),
+        ),
+        Mutant(
             "gemv_gate_unactivated",
             "the small-batch GEMV's gated form (down_proj of decode steps of up to 8 rows) multiplies by up alone, "
             "skipping SiLU(gate); larger batches, on cuBLAS, are right (bites targets with kernels=triton)",

@@ -5,7 +5,9 @@ Lengths straddle the tile edges up to 1024 tokens and the page edges; q is scale
 reaches a drawn value up to past float32's exp overflow; every KV slot the batch does not own holds poison (a
 large finite value, so a kernel that reads a slot it should not gets a visibly wrong output, while a whole-page
 read that masks correctly stays exact). The new tokens' K/V are in their slots before the call, as the layer's
-norm_rope_store leaves them (that op's own check covers the store); the call may change no slot of the pool.
+norm_rope_store leaves them (that op's own check covers the store); the call may change no slot of the pool. A
+backend that norms, rotates and stores the new tokens itself (forward_new_tokens) is checked on decode cases whose
+new tokens are not stored yet, against HF's norm and RoPE before the same float64 attention.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from engine import ATTENTION_BACKENDS, Batch, Context, Req, SamplingParams
 from engine.attention import BaseAttnBackend, TorchAttnBackend
 from engine.distributed.comm import NullComm
 from engine.kvcache.pool import KVCachePool
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.config import RopeConfig
 
 from ..strategies import seeds
 from ..tolerance import attention_bound
 from .bench import Bench
 from .compare import assert_bitwise, assert_within, describe
 from .guard import assert_untouched, guarded
+from .layers import guarded_head_norm, rope_close, want_rope
 from .ledger import expected_impl
 from .strategies import gaps, random_tensor, score_maxima, seq_lengths
 
@@ -52,10 +57,13 @@ class AttnCase:
 
 
 @st.composite
-def attn_cases(draw: st.DrawFn, page_sizes: tuple[int, ...], phase: str | None = None) -> AttnCase:
+def attn_cases(
+    draw: st.DrawFn, page_sizes: tuple[int, ...], phase: str | None = None,
+    requests: st.SearchStrategy[int] | None = None,
+) -> AttnCase:
     phase = phase or draw(st.sampled_from(("prefill", "extend", "decode")))
     ps = draw(st.sampled_from(page_sizes))
-    n = draw(st.integers(1, 4))
+    n = draw(requests or st.integers(1, 4))
     lengths, cached = [], []
     budget = MAX_TOKENS
     for _ in range(n):
@@ -120,9 +128,21 @@ def reference(case: AttnCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
     return torch.cat(outs), torch.cat(bounds)
 
 
-def check_attention(bench: Bench, case: AttnCase) -> None:
+@dataclass
+class _Setup:
+    """One layer's pool, page table and batch for a case, and the backend and context to call."""
+
+    pool: KVCachePool
+    batch: Batch
+    backend: BaseAttnBackend
+    ctx: Context
+    out_loc: torch.Tensor  # int64 on the device: the new tokens' slots
+
+
+def _setup(bench: Bench, case: AttnCase, k: torch.Tensor, v: torch.Tensor, store_new: bool = True) -> _Setup:
+    """Every slot poisoned, then each request's tokens stored through its table row (its new ones only if
+    store_new); the backend of the target's attention, its batch without metadata."""
     dev, dtype, head_dim = bench.device, bench.dtype, bench.target.head_dim
-    q, k, v = _tensors(case, head_dim, dtype)
     ps = case.page_size
     width = -(-MAX_LEN // ps) * ps
     pages_per_row = width // ps
@@ -140,10 +160,10 @@ def check_attention(bench: Bench, case: AttnCase) -> None:
     positions: list[int] = []
     out_loc: list[int] = []
     for i, (cached, length) in enumerate(zip(case.cached, case.lengths)):
-        start = sum(case.lengths[:i])
-        slots = table[i, :length].long().to(dev)
-        k_slots[slots] = k[start : start + length].to(dev)  # the cached prefix and the new tokens, stored already
-        v_slots[slots] = v[start : start + length].to(dev)
+        start, stored = sum(case.lengths[:i]), length if store_new else cached
+        slots = table[i, :stored].long().to(dev)
+        k_slots[slots] = k[start : start + stored].to(dev)  # the cached prefix, and the new tokens if store_new
+        v_slots[slots] = v[start : start + stored].to(dev)
         positions += range(cached, length)
         out_loc += table[i, cached:length].tolist()
     page_table = table.to(dev)
@@ -157,11 +177,18 @@ def check_attention(bench: Bench, case: AttnCase) -> None:
     batch.out_loc = torch.tensor(out_loc, dtype=torch.int32, device=dev)
     batch.table_rows = torch.arange(rows, device=dev)
     batch.rows = batch.table_rows
-    gq = guarded("q", q.to(dev), case.gap)
-    before = pool.buffer.clone()
     ctx = Context(ps, page_table, pool, backend, bench.kernels, NullComm())
-    call = describe({"q": gq.view, "k_slots": k_slots}, phase=case.phase, cached=case.cached, lengths=case.lengths,
-                    page_size=ps, score_max=case.score_max)
+    return _Setup(pool, batch, backend, ctx, batch.out_loc.long())
+
+
+def check_attention(bench: Bench, case: AttnCase) -> None:
+    q, k, v = _tensors(case, bench.target.head_dim, bench.dtype)
+    got_setup = _setup(bench, case, k, v)
+    pool, batch, backend, ctx = got_setup.pool, got_setup.batch, got_setup.backend, got_setup.ctx
+    gq = guarded("q", q.to(bench.device), case.gap)
+    before = pool.buffer.clone()
+    call = describe({"q": gq.view, "k_slots": pool.k_slots(0)}, phase=case.phase, cached=case.cached,
+                    lengths=case.lengths, page_size=case.page_size, score_max=case.score_max)
     impl = expected_impl(backend, "forward", "attention", str(bench.target.resolved("attention")),
                          (TorchAttnBackend, BaseAttnBackend))
 
@@ -175,3 +202,63 @@ def check_attention(bench: Bench, case: AttnCase) -> None:
     assert_within(f"attention {case.phase}", call, "out", got, exact, bound, "rounding at the dtype, float32 sums")
     assert_bitwise(f"attention {case.phase}", call, "the KV pool (the guard)", pool.buffer, before)
     assert_untouched(f"attention {case.phase}", [gq])
+
+
+NEW_TOKENS_OP = "attention with its new tokens"
+LONE_OR_FEW = st.one_of(st.just(1), st.integers(1, 4))  # a lone request half the time: hybrids decode those apart
+ROPE_THETA = 1e6
+ROPE_ROWS = 2 * MAX_LEN  # the cos/sin tables' rows: past every position a case draws
+
+
+def check_attention_new_tokens(bench: Bench, case: AttnCase, normed: bool) -> bool:
+    """BaseAttnBackend.forward_new_tokens on a decode case whose new tokens are not stored yet, with q and k before
+    their q/k norm (if `normed`) and RoPE. Where the backend takes them (False where it returns None: the layer's
+    kernels do, checked as norm_rope_store): attention against float64 over the pool with the new k normed and
+    rotated as HF does, that k stored at out_loc under norm_rope's contract (bitwise without a norm) and v bitwise,
+    and no other slot changed."""
+    dev, dtype, head_dim = bench.device, bench.dtype, bench.target.head_dim
+    _, k, v = _tensors(case, head_dim, dtype)
+    new = sum(case.new)
+    q_raw = random_tensor((new, case.kv_heads * case.group, head_dim), dtype, 1.0, case.seed + 4)
+    k_raw = random_tensor((new, case.kv_heads, head_dim), dtype, 1.0, case.seed + 5)
+    last = torch.tensor([sum(case.lengths[: i + 1]) - 1 for i in range(len(case.lengths))])  # decode: one new each
+    got_setup = _setup(bench, case, k, v, store_new=False)
+    pool, batch, backend, ctx = got_setup.pool, got_setup.batch, got_setup.backend, got_setup.ctx
+    guards = [guarded("q", q_raw.to(dev), case.gap), guarded("k", k_raw.to(dev), case.gap),
+              guarded("v", v[last].to(dev), case.gap)]
+    norms = [guarded_head_norm(bench, f"{x}_norm weight", random_tensor((head_dim,), dtype, 1.0, case.seed + s)
+                               if normed else None, guards) for x, s in (("q", 6), ("k", 7))]
+    rope = RotaryEmbedding(head_dim, ROPE_ROWS, RopeConfig(theta=ROPE_THETA), dev).at(batch.positions)
+    before = pool.buffer.clone()
+    backend.prepare_metadata(batch)
+    with ctx.forward_batch(batch):
+        got = backend.forward_new_tokens(guards[0].view, guards[1].view, guards[2].view, rope, norms[0], norms[1], 0,
+                                         ctx)
+    if got is None:
+        return False
+    call = describe({"q": guards[0].view, "k_slots": pool.k_slots(0)}, phase=case.phase, lengths=case.lengths,
+                    page_size=case.page_size, qk_norm=normed)
+    want_q = want_rope(bench, q_raw, batch.positions, norms[0], ROPE_THETA, ROPE_ROWS)
+    want_k = want_rope(bench, k_raw, batch.positions, norms[1], ROPE_THETA, ROPE_ROWS)
+    k_full = k.clone()
+    k_full[last] = want_k.cpu()
+    exact, bound = reference(case, want_q.cpu(), k_full, v)
+    assert_within(NEW_TOKENS_OP, call, "out", got, exact, bound, "rounding at the dtype, float32 sums")
+    loc = got_setup.out_loc
+    rope_close(bench, NEW_TOKENS_OP, call, "k_slots[out_loc]", pool.k_slots(0)[loc], want_k, normed,
+               "norm_rope_store")  # the kernel repeats the layer kernels' arithmetic (rope_store_fusable)
+    assert_bitwise(NEW_TOKENS_OP, call, "v_slots[out_loc]", pool.v_slots(0)[loc].cpu(), v[last])
+    kept = torch.ones(pool.k_slots(0).shape[0], dtype=torch.bool, device=dev)
+    kept[loc] = False
+    for name, slots, was in (("k_slots", pool.k_slots(0), before[0]), ("v_slots", pool.v_slots(0), before[1])):
+        assert_bitwise(NEW_TOKENS_OP, call, f"{name} outside out_loc (the guard)", slots[kept],
+                       was.view_as(slots)[kept])
+    assert_untouched(NEW_TOKENS_OP, guards)
+    return True
+
+
+def fuses_new_tokens(bench: Bench) -> bool:
+    """Whether the target's backend takes a lone decode request's new tokens itself (check_attention_new_tokens on
+    one fixed case, which it must pass)."""
+    case = AttnCase("decode", (69,), (70,), bench.target.page_sizes[0], 1, 2, 10.0, 0, 0)
+    return check_attention_new_tokens(bench, case, normed=True)

@@ -148,9 +148,10 @@ def want_rope(bench: Bench, x: torch.Tensor, positions: torch.Tensor, norm: Simp
 
 
 def rope_close(bench: Bench, op: str, call: str, name: str, got: torch.Tensor, want: torch.Tensor,
-                normed: bool) -> None:
+               normed: bool, method: str | None = None) -> None:
+    """Under the contract of the kernels' `method` (default: op itself)."""
     if normed:
-        _close(bench, op, op, call, name, got, want)
+        _close(bench, op, method or op, call, name, got, want)
     else:  # no reduction: any implementation keeps HF's bits
         assert_bitwise(op, call, name, got, want)
 

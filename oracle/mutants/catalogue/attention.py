@@ -1,5 +1,6 @@
 """Attention mutants: the torch backend's causal mask, decode KV length, key padding and last-token gather, and
-the GPU backends' metadata (FlashInfer's paged-KV index, Triton's lengths under graph replay)."""
+the GPU backends' metadata (FlashInfer's paged-KV index, Triton's lengths under graph replay) and the Triton decode's
+own RoPE of the new tokens."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ _ORIGINAL_PREPARE_METADATA = TorchAttnBackend.prepare_metadata
 _ORIGINAL_DECODE = TorchAttnBackend._decode
 _ORIGINAL_PAGED_KV_INDEX = flashinfer_backend.build_paged_kv_index
 _ORIGINAL_TRITON_GRAPH_METADATA = TritonDecodeBackend.graph_metadata
+_ORIGINAL_TRITON_NEW_TOKENS = TritonDecodeBackend.forward_new_tokens
 
 
 def _sdpa_extend_sees_next_token(
@@ -110,3 +112,17 @@ def _triton_lengths_of_capture(self: TritonDecodeBackend, batch: Batch) -> None:
 
 def triton_decode_lengths_frozen() -> contextlib.AbstractContextManager[None]:
     return swap(TritonDecodeBackend, "graph_metadata", _triton_lengths_of_capture)
+
+
+def _triton_new_tokens_one_ahead(
+    self: TritonDecodeBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: Any, *rest: Any
+) -> torch.Tensor | None:
+    """The decode that rotates its new tokens reads the RoPE tables one row late: q and the stored k are rotated to
+    the position after theirs."""
+    tables = types.SimpleNamespace(tables_in=lambda dtype: tuple(t[1:] for t in rope.table.tables_in(dtype)))
+    shifted: Any = types.SimpleNamespace(table=tables, positions=rope.positions)
+    return _ORIGINAL_TRITON_NEW_TOKENS(self, q, k, v, shifted, *rest)
+
+
+def triton_new_tokens_rotated_one_ahead() -> contextlib.AbstractContextManager[None]:
+    return swap(TritonDecodeBackend, "forward_new_tokens", _triton_new_tokens_one_ahead)
