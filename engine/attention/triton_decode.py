@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..layers.triton_kernels import _norm_rope_rows
+from ..layers.triton_kernels import _norm_rope_rows, _rope_factors
 from ..layers.triton_pdl import interpreted, pdl_on, pdl_release, pdl_wait
 
 MAX_SPLITS = 16
@@ -58,14 +58,17 @@ def _decode_kernel(
     k_base = k_ptr + kv_head * stride_kh
     v_base = v_ptr + kv_head * stride_vh
     k, v = _earlier_tokens(table_row, k_base, v_base, stride_ks, stride_vs, lo, hi, newest, d, BLOCK_N)
+    if FUSED:  # the norm weights and RoPE rows too
+        q_factors = _rope_factors(newest, cos_ptr, sin_ptr, qw_ptr, stride_rope, Q_NORM, HEAD_DIM // 2)
+        k_factors = _rope_factors(newest, cos_ptr, sin_ptr, kw_ptr, stride_rope, K_NORM, HEAD_DIM // 2)
     pdl_wait(PDL)
 
     if FUSED:
-        q = _rotated_rows(q_ptr + b * stride_qb + heads[:, None] * stride_qh, g_mask[:, None], newest, cos_ptr,
-                          sin_ptr, qw_ptr, stride_rope, q_eps, Q_NORM, G_PAD, HEAD_DIM)
+        q = _rotated_rows(q_ptr + b * stride_qb + heads[:, None] * stride_qh, g_mask[:, None], q_factors, q_eps,
+                          Q_NORM, G_PAD, HEAD_DIM)
         one = tl.full([1], 0, tl.int32)
-        k_new = _rotated_rows(new_k_ptr + b * stride_nk + kv_head * stride_nkh + one[:, None], holds_newest, newest,
-                              cos_ptr, sin_ptr, kw_ptr, stride_rope, k_eps, K_NORM, 1, HEAD_DIM)
+        k_new = _rotated_rows(new_k_ptr + b * stride_nk + kv_head * stride_nkh + one[:, None], holds_newest,
+                              k_factors, k_eps, K_NORM, 1, HEAD_DIM)
         v_new = tl.load(new_v_ptr + b * stride_nv + kv_head * stride_nvh + d[None, :], mask=holds_newest, other=0.0)
         k_new, v_new = k_new.to(k_ptr.dtype.element_ty), v_new.to(v_ptr.dtype.element_ty)
         if holds_newest:
@@ -138,10 +141,10 @@ def _earlier_tokens(table_row, k_base, v_base, stride_ks, stride_vs, start, hi, 
 
 
 @triton.jit
-def _rotated_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_rope, eps, HAS_NORM: tl.constexpr,
-                  R: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """_norm_rope_rows' halves of R rows joined back into [R, HEAD_DIM]."""
-    o1, o2 = _norm_rope_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_rope, eps, HAS_NORM, HEAD_DIM // 2)
+def _rotated_rows(src, rows_mask, factors, eps, HAS_NORM: tl.constexpr, R: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """_norm_rope_rows' halves of R rows, by _rope_factors' values, joined back into [R, HEAD_DIM]."""
+    w1, w2, c1, c2, s1, s2 = factors
+    o1, o2 = _norm_rope_rows(src, rows_mask, w1, w2, c1, c2, s1, s2, eps, HAS_NORM, HEAD_DIM // 2)
     return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), [R, HEAD_DIM])
 
 

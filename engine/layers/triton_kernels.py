@@ -47,10 +47,28 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _norm_rope_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr,
-                    HALF: tl.constexpr):
-    """Head rows at src ([R, 1] pointers; masked rows give zeros), normed (HAS_NORM) and rotated to pos: their two
-    halves [R, HALF], in the rows' dtype."""
+def _rope_factors(pos, cos_ptr, sin_ptr, w_ptr, stride_table, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+    """What _norm_rope_rows multiplies by, loaded apart so a kernel can load it before its PDL wait (weights and
+    tables): the norm weight's halves (unread without a norm) and the cos/sin rows at pos, float32 [1, HALF] each."""
+    offs = tl.arange(0, HALF)[None, :]
+    if HAS_NORM:
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+    else:
+        w1 = tl.full([1, HALF], 1.0, tl.float32)
+        w2 = w1
+    # The tables come already in the model dtype: a cast here gets folded away.
+    c1 = tl.load(cos_ptr + pos * stride_table + offs).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_table + HALF + offs).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_table + offs).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_table + HALF + offs).to(tl.float32)
+    return w1, w2, c1, c2, s1, s2
+
+
+@triton.jit
+def _norm_rope_rows(src, rows_mask, w1, w2, c1, c2, s1, s2, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
+    """Head rows at src ([R, 1] pointers; masked rows give zeros), normed (HAS_NORM) and rotated by _rope_factors'
+    values: their two halves [R, HALF], in the rows' dtype."""
     offs = tl.arange(0, HALF)[None, :]
     x1 = tl.load(src + offs, mask=rows_mask, other=0.0)
     x2 = tl.load(src + HALF + offs, mask=rows_mask, other=0.0)
@@ -59,15 +77,8 @@ def _norm_rope_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_table, 
         a = x1.to(tl.float32)
         b = x2.to(tl.float32)
         inv_rms = tl.math.rsqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)[:, None]
-        w1 = tl.load(w_ptr + offs).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
         x1 = _round(w1 * _round(a * inv_rms, dt), dt)
         x2 = _round(w2 * _round(b * inv_rms, dt), dt)
-    # The tables come already in the model dtype: a cast here gets folded away.
-    c1 = tl.load(cos_ptr + pos * stride_table + offs).to(tl.float32)
-    c2 = tl.load(cos_ptr + pos * stride_table + HALF + offs).to(tl.float32)
-    s1 = tl.load(sin_ptr + pos * stride_table + offs).to(tl.float32)
-    s2 = tl.load(sin_ptr + pos * stride_table + HALF + offs).to(tl.float32)
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     o1 = (_round(f1 * c1, dt) + _round(-f2 * s1, dt)).to(dt)
@@ -77,9 +88,10 @@ def _norm_rope_rows(src, rows_mask, pos, cos_ptr, sin_ptr, w_ptr, stride_table, 
 
 @triton.jit
 def _norm_rope_row(src, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM: tl.constexpr, HALF: tl.constexpr):
-    """One head's row at src: _norm_rope_rows' two halves, [HALF] each."""
+    """One head's row at src, normed (HAS_NORM) and rotated to pos: its two halves, [HALF] each."""
     one = tl.full([1, 1], 0, tl.int32)
-    o1, o2 = _norm_rope_rows(src + one, one == 0, pos, cos_ptr, sin_ptr, w_ptr, stride_table, eps, HAS_NORM, HALF)
+    w1, w2, c1, c2, s1, s2 = _rope_factors(pos, cos_ptr, sin_ptr, w_ptr, stride_table, HAS_NORM, HALF)
+    o1, o2 = _norm_rope_rows(src + one, one == 0, w1, w2, c1, c2, s1, s2, eps, HAS_NORM, HALF)
     return tl.reshape(o1, [HALF]), tl.reshape(o2, [HALF])
 
 
