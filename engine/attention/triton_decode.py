@@ -3,6 +3,7 @@ read on the device, so a graph replays it with no host planning. The products ar
 (padded to a dot's 16) with 64-token tiles; for 16-bit K/V they run on tensor cores, the probabilities rounded to
 V's dtype as FlashInfer does (`tensor_core_products`), else in float32; the rest is float32, the output rounded
 once. One launch, under programmatic dependent launch: the last split of a (request, kv head) to finish merges them.
+Given NewTokens, the same launch also does the layer's q/k norm, RoPE and KV store (norm_rope_store's arithmetic).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _decode_kernel(
     split = tl.program_id(2)
     num_q_heads = tl.num_programs(1) * GROUP
     num_splits = tl.num_programs(2)
-    # Before the wait, what no kernel of a layer writes: rows, lengths and page table (inputs of the step, written
-    # before its first launch under PDL) and the earlier tokens' K/V; only the newest token's is this layer's.
+    # Before the wait (engine/layers/triton_pdl.py): rows, lengths, page table and the earlier tokens' K/V; only the
+    # newest token's K/V is written in this layer.
     row = tl.load(rows_ptr + b).to(tl.int64)
     seq_len = tl.load(lens_ptr + b).to(tl.int32)
     newest = seq_len - 1

@@ -1,6 +1,9 @@
 """Programmatic dependent launch (Hopper and later): a kernel launched with it may start while the kernel before it
-drains. The contract every kernel here keeps: before ``pdl_wait`` it loads only what no kernel of a step writes (the
-weights), and it reads its inputs and writes its outputs only after it; ``pdl_release`` lets the next one start."""
+drains. The contract every kernel here keeps: before ``pdl_wait`` it loads only what no kernel of the model's layers
+writes (the weights; the step's own inputs, which plain launches before the first layer write; K/V of earlier steps),
+and it reads its inputs and writes its outputs only after it; ``pdl_release`` lets the next one start. A layer kernel
+starts only after every plain launch before the first layer has completed, since a PDL launch after a plain one waits
+for it to end."""
 
 from __future__ import annotations
 

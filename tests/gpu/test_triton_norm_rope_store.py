@@ -143,3 +143,19 @@ def test_a_captured_launch_replays_new_positions_and_slots(triton_kernels: Trito
     graph.replay()
     want, want_pools = _run(triton_kernels, case)
     assert torch.equal(out, want) and torch.equal(pools, want_pools)
+
+
+def test_a_decode_may_take_over_the_store_only_while_it_is_the_triton_kernel() -> None:
+    """rope_store_fusable: the Triton kernel set itself, not a subclass that overrides norm_rope_store, nor the set
+    with that method patched (a mutant, a user's swap), nor any other kernel set, whose store would be skipped."""
+
+    class Overriding(TritonKernels):
+        def norm_rope_store(self, *args: object, **kwargs: object) -> torch.Tensor:  # type: ignore[override]
+            return super().norm_rope_store(*args, **kwargs)  # type: ignore[arg-type]
+
+    assert TritonKernels().rope_store_fusable()
+    assert not Overriding().rope_store_fusable()
+    assert not TORCH_KERNELS.rope_store_fusable()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TritonKernels, "norm_rope_store", LayerKernels.norm_rope_store)
+        assert not TritonKernels().rope_store_fusable()
