@@ -55,12 +55,13 @@ class TritonDecodeBackend(BaseAttnBackend):
         batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest), batch.positions + 1)
 
     def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
+        """Decode batches only, so a request's tokens but its newest come from earlier steps: read early."""
         batch = ctx.batch
         meta = batch.attn_metadata
         assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
         return self._decode.paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, batch.table_rows,
-            meta.seq_lens, self.scale, meta.num_splits, self._arrivals,
+            meta.seq_lens, self.scale, meta.num_splits, self._arrivals, early=True,
         )
 
     def forward_new_tokens(
@@ -83,7 +84,7 @@ class TritonDecodeBackend(BaseAttnBackend):
             return None
         return self._decode.paged_decode(
             q, k_slots, v_slots, self.page_table, batch.table_rows, meta.seq_lens, self.scale, meta.num_splits,
-            self._arrivals, new,
+            self._arrivals, new, early=True,
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:

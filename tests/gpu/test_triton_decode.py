@@ -19,9 +19,10 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from gpu_support import INTERPRETED, needs_kernel_device  # noqa: E402
-from gpu_support import KERNEL_DEVICE as DEVICE
+from gpu_support import KERNEL_DEVICE as DEVICE  # noqa: E402
 
 from engine.attention.triton_decode import (  # noqa: E402
     NewTokens,
@@ -32,6 +33,7 @@ from engine.attention.triton_decode import (  # noqa: E402
 )
 from engine.layers import triton_kernels  # noqa: E402
 from engine.layers.rotary import RotaryEmbedding  # noqa: E402
+from engine.layers.triton_pdl import pdl_on, pdl_release, pdl_wait  # noqa: E402
 from engine.models.config import RopeConfig  # noqa: E402
 from oracle.tolerance import attention_bound, unit_roundoff  # noqa: E402
 
@@ -136,13 +138,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["after-wait", "early"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("group", "num_kv_heads", "head_dim", "layout", "num_splits", "lens"), CASES)
 def test_matches_float64_reference(
-    dtype: torch.dtype, group: int, num_kv_heads: int, head_dim: int, layout: str, num_splits: int, lens: list[int]
+    early: bool, dtype: torch.dtype, group: int, num_kv_heads: int, head_dim: int, layout: str, num_splits: int,
+    lens: list[int],
 ) -> None:
     inputs = _case(len(lens) * 1000 + group * 100 + head_dim, dtype, group, num_kv_heads, head_dim, lens, layout)
-    got = paged_decode(**inputs, num_splits=num_splits)
+    got = paged_decode(**inputs, num_splits=num_splits, early=early)
     _check(got, inputs)
 
 
@@ -195,7 +199,7 @@ def test_new_tokens_fused_as_norm_rope_store_then_decode(
         q, new.k, new.v, positions, rotary, new.q_weight, new.q_eps, new.k_weight, new.k_eps, want["k_slots"],
         want["v_slots"], new.loc,
     )
-    got = paged_decode(**{**inputs, "q": q}, num_splits=num_splits, new=new)
+    got = paged_decode(**{**inputs, "q": q}, num_splits=num_splits, new=new, early=True)
     for name in ("k_slots", "v_slots"):
         assert torch.equal(inputs[name].nan_to_num(7.0), want[name].nan_to_num(7.0)), f"{name} differ from the store's"
     _check(got, want)
@@ -219,11 +223,11 @@ def test_cuda_graph_replay_follows_device_lengths_and_rows(num_splits: int) -> N
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        paged_decode(**static, num_splits=num_splits, arrivals=arrivals)  # compiles outside the capture
+        paged_decode(**static, num_splits=num_splits, arrivals=arrivals, early=True)  # compiles outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_decode(**static, num_splits=num_splits, arrivals=arrivals)
+        out = paged_decode(**static, num_splits=num_splits, arrivals=arrivals, early=True)
     graph.replay()
     graph.replay()
     _check(out, static)
@@ -235,3 +239,49 @@ def test_cuda_graph_replay_follows_device_lengths_and_rows(num_splits: int) -> N
     graph.replay()
     _check(out, static)
     assert not arrivals.any()
+
+
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _late_copy_kernel(src_ptr, dst_ptr, n, SPIN_NS: tl.constexpr, BLOCK: tl.constexpr):
+    """dst = src, written only SPIN_NS after its start, while it lets the next kernel start at once (PDL)."""
+    pdl_release(True)
+    pdl_wait(True)
+    start = _now()
+    now = start
+    while now - start < SPIN_NS:
+        now = _now()
+    for first in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = first + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch needs CUDA")
+def test_tokens_the_kernel_before_stores_are_read_after_the_wait_unless_early() -> None:
+    """A query of a prefill chunk (the invariant backend's rows) attends to chunk-mates the layer's store, the kernel
+    just before, writes: without `early` the decode reads them after its PDL wait and sees the late store; with it
+    (decode batches only) it reads them at its start, before the store lands, which this case shows it does."""
+    inputs = _case(13, torch.bfloat16, 2, 2, 64, [300, 120], "paged")
+    if not pdl_on(inputs["q"]):
+        pytest.skip("programmatic dependent launch needs Hopper")
+    kv = inputs["k_slots"]._base  # [slots, 2, Hkv, D]: k_slots and v_slots are its views
+    stored = kv.clone()
+    for row, n in zip(inputs["table_rows"].tolist(), inputs["seq_lens"].tolist()):
+        kv[inputs["page_table"][row, n - 40 : n].long()] = 100.0  # until the late store lands
+    outs = {}
+    for early in (False, True):
+        landed = kv.clone()
+        _late_copy_kernel[(4,)](stored.view(-1), kv.view(-1), kv.numel(), SPIN_NS=200_000, BLOCK=1024,
+                                launch_pdl=True)
+        outs[early] = paged_decode(**inputs, num_splits=4, early=early)
+        torch.cuda.synchronize()
+        assert torch.equal(kv.nan_to_num(7.0), stored.nan_to_num(7.0))
+        kv.copy_(landed)
+    kv.copy_(stored)
+    _check(outs[False], inputs)
+    ref, bound = _reference(**inputs)
+    assert bool(((outs[True].double() - ref).abs() > bound).any()), "the early read saw the late store: no race shown"
