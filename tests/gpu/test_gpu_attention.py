@@ -90,7 +90,8 @@ def test_triton_decode_one_request_at_a_time_matches_hf64(
 
     calls: list[int] = []
     original = triton_decode.paged_decode
-    monkeypatch.setattr(triton_decode, "paged_decode", lambda *args: calls.append(1) or original(*args))
+    monkeypatch.setattr(triton_decode, "paged_decode",
+                        lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     worst = 0.0
     for graphs in ([], None):
         engine = gpu_engine(gpu_target, wide_model, attention_backend="triton", page_size=page_size,
