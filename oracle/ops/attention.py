@@ -29,6 +29,7 @@ from ..tolerance import attention_bound
 from .bench import Bench
 from .compare import assert_bitwise, assert_within, describe
 from .guard import assert_untouched, guarded
+from .kv_store import Pools, assert_stored
 from .layers import guarded_head_norm, rope_close, want_rope
 from .ledger import expected_impl
 from .strategies import gaps, random_tensor, score_maxima, seq_lengths
@@ -136,7 +137,6 @@ class _Setup:
     batch: Batch
     backend: BaseAttnBackend
     ctx: Context
-    out_loc: torch.Tensor  # int64 on the device: the new tokens' slots
 
 
 def _setup(bench: Bench, case: AttnCase, k: torch.Tensor, v: torch.Tensor, store_new: bool = True) -> _Setup:
@@ -178,7 +178,7 @@ def _setup(bench: Bench, case: AttnCase, k: torch.Tensor, v: torch.Tensor, store
     batch.table_rows = torch.arange(rows, device=dev)
     batch.rows = batch.table_rows
     ctx = Context(ps, page_table, pool, backend, bench.kernels, NullComm())
-    return _Setup(pool, batch, backend, ctx, batch.out_loc.long())
+    return _Setup(pool, batch, backend, ctx)
 
 
 def check_attention(bench: Bench, case: AttnCase) -> None:
@@ -229,14 +229,15 @@ def check_attention_new_tokens(bench: Bench, case: AttnCase, normed: bool) -> bo
     norms = [guarded_head_norm(bench, f"{x}_norm weight", random_tensor((head_dim,), dtype, 1.0, case.seed + s)
                                if normed else None, guards) for x, s in (("q", 6), ("k", 7))]
     rope = RotaryEmbedding(head_dim, ROPE_ROWS, RopeConfig(theta=ROPE_THETA), dev).at(batch.positions)
-    before = pool.buffer.clone()
+    k_slots, v_slots = pool.k_slots(0), pool.v_slots(0)
+    pools = Pools(k_slots, v_slots, torch.arange(k_slots.shape[0], device=dev), (k_slots.clone(), v_slots.clone()))
     backend.prepare_metadata(batch)
     with ctx.forward_batch(batch):
         got = backend.forward_new_tokens(guards[0].view, guards[1].view, guards[2].view, rope, norms[0], norms[1], 0,
                                          ctx)
     if got is None:
         return False
-    call = describe({"q": guards[0].view, "k_slots": pool.k_slots(0)}, phase=case.phase, lengths=case.lengths,
+    call = describe({"q": guards[0].view, "k_slots": k_slots}, phase=case.phase, lengths=case.lengths,
                     page_size=case.page_size, qk_norm=normed)
     want_q = want_rope(bench, q_raw, batch.positions, norms[0], ROPE_THETA, ROPE_ROWS)
     want_k = want_rope(bench, k_raw, batch.positions, norms[1], ROPE_THETA, ROPE_ROWS)
@@ -244,15 +245,12 @@ def check_attention_new_tokens(bench: Bench, case: AttnCase, normed: bool) -> bo
     k_full[last] = want_k.cpu()
     exact, bound = reference(case, want_q.cpu(), k_full, v)
     assert_within(NEW_TOKENS_OP, call, "out", got, exact, bound, "rounding at the dtype, float32 sums")
-    loc = got_setup.out_loc
-    rope_close(bench, NEW_TOKENS_OP, call, "k_slots[out_loc]", pool.k_slots(0)[loc], want_k, normed,
-               "norm_rope_store")  # the kernel repeats the layer kernels' arithmetic (rope_store_fusable)
-    assert_bitwise(NEW_TOKENS_OP, call, "v_slots[out_loc]", pool.v_slots(0)[loc].cpu(), v[last])
-    kept = torch.ones(pool.k_slots(0).shape[0], dtype=torch.bool, device=dev)
-    kept[loc] = False
-    for name, slots, was in (("k_slots", pool.k_slots(0), before[0]), ("v_slots", pool.v_slots(0), before[1])):
-        assert_bitwise(NEW_TOKENS_OP, call, f"{name} outside out_loc (the guard)", slots[kept],
-                       was.view_as(slots)[kept])
+
+    def k_close(name: str, got_k: torch.Tensor, want: torch.Tensor) -> None:
+        # the kernel repeats the layer kernels' arithmetic (rope_store_fusable): norm_rope_store's contract
+        rope_close(bench, NEW_TOKENS_OP, call, name, got_k, want, normed, "norm_rope_store")
+
+    assert_stored(NEW_TOKENS_OP, call, pools, batch.out_loc.long(), want_k, v[last], k_close)
     assert_untouched(NEW_TOKENS_OP, guards)
     return True
 

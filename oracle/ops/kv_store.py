@@ -93,7 +93,7 @@ def _pools(bench: Bench, case: StoreCase) -> Pools:
     return Pools(pools[0], pools[1], watch, (pools[0][watch].clone(), pools[1][watch].clone()))
 
 
-def _assert_stored(op: str, call: str, pools: Pools, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def assert_stored(op: str, call: str, pools: Pools, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_close: Callable[[str, torch.Tensor, torch.Tensor], None]) -> None:
     """k_slots[loc] is k under k_close, v_slots[loc] is v bitwise, and no other watched slot changed."""
     written = torch.isin(pools.watch, loc)
@@ -111,7 +111,7 @@ def check_store_kv(bench: Bench, case: StoreCase) -> None:
     call = describe({"k_slots": pools.k_slots, "k": k.view, "v": v.view, "loc": loc.view},
                     top_slot=int(case.loc.max()))
     bench.run_kernel("store_kv", "store_kv", pools.k_slots, pools.v_slots, k.view, v.view, loc.view)
-    _assert_stored("store_kv", call, pools, loc.view, case.k, case.v,
+    assert_stored("store_kv", call, pools, loc.view, case.k, case.v,
                    lambda name, got, want: assert_bitwise("store_kv", call, name, got, want))
     assert_untouched("store_kv", [k, v, loc])
 
@@ -170,5 +170,5 @@ def check_norm_rope_store(bench: Bench, case: RopeStoreCase) -> None:
 
     close("q out", got, want_rope(bench, case.q, positions.view, q_norm, case.theta, case.max_positions))
     want_k = want_rope(bench, store.k, positions.view, k_norm, case.theta, case.max_positions)
-    _assert_stored(op, call, pools, loc.view, want_k, store.v, close)
+    assert_stored(op, call, pools, loc.view, want_k, store.v, close)
     assert_untouched(op, guards)
