@@ -11,6 +11,7 @@ import torch
 
 from ..core import Batch, Context
 from ..kvcache.pool import KVCachePool
+from ..layers.kernels import weight_eps
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:  # the layers import the models package, which imports the attention backends
@@ -75,10 +76,8 @@ class TritonDecodeBackend(BaseAttnBackend):
         batch, meta = ctx.batch, ctx.batch.attn_metadata
         assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
         cos, sin = rope.table.tables_in(q.dtype)
-        new = self._decode.NewTokens(
-            k, v, batch.out_loc, cos, sin, None if q_norm is None else q_norm.weight, 0.0 if q_norm is None else
-            q_norm.eps, None if k_norm is None else k_norm.weight, 0.0 if k_norm is None else k_norm.eps,
-        )
+        (qw, q_eps), (kw, k_eps) = weight_eps(q_norm), weight_eps(k_norm)
+        new = self._decode.NewTokens(k, v, batch.out_loc, cos, sin, qw, q_eps, kw, k_eps)
         k_slots, v_slots = self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id)
         if not self._decode.fuses_new_tokens(q, new, k_slots, v_slots):
             return None

@@ -143,7 +143,7 @@ class TorchKernels(LayerKernels):
 TORCH_KERNELS = TorchKernels()
 
 
-def _weight_eps(norm: HeadNorm | None) -> tuple[torch.Tensor | None, float]:
+def weight_eps(norm: HeadNorm | None) -> tuple[torch.Tensor | None, float]:
     return (None, 0.0) if norm is None else (norm.weight, norm.eps)
 
 
@@ -196,7 +196,7 @@ class TritonKernels(LayerKernels):
         return self._k.add_rms_norm(x, residual, weight, eps)
 
     def norm_rope(self, x: torch.Tensor, rope: RotaryAt, norm: HeadNorm | None) -> torch.Tensor:
-        return self._k.norm_rope(x, rope.positions, rope.table, *_weight_eps(norm))
+        return self._k.norm_rope(x, rope.positions, rope.table, *weight_eps(norm))
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self._k.silu_and_mul(gate_up)
@@ -215,7 +215,7 @@ class TritonKernels(LayerKernels):
     ) -> torch.Tensor:
         if self.declines("norm_rope_store", q, k, v, rope, q_norm, k_norm, k_slots, v_slots, loc) is not None:
             return super().norm_rope_store(q, k, v, rope, q_norm, k_norm, k_slots, v_slots, loc)
-        (qw, q_eps), (kw, k_eps) = _weight_eps(q_norm), _weight_eps(k_norm)
+        (qw, q_eps), (kw, k_eps) = weight_eps(q_norm), weight_eps(k_norm)
         return self._k.norm_rope_store(q, k, v, rope.positions, rope.table, qw, q_eps, kw, k_eps, k_slots, v_slots, loc)
 
     def rope_store_fusable(self) -> bool:
