@@ -1,4 +1,5 @@
-"""Op-level properties of the decode step's kernels: the greedy step (first argmax with exact ties, -1 on NaN,
+"""Op-level properties of the decode step's kernels: the input ids (pending tokens from the rows' last tokens,
+counts each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN,
 +inf and all -inf rows, the rows' last tokens kept, the host payload) over vocabularies each side of the argmax
 kernel's block and split edges, and the slot checks with their redirect over page tables with one planted fault
 (a slot written twice, over cached or live KV, out of the pool, off its page). Marker ``kernel``."""
@@ -6,6 +7,7 @@ kernel's block and split edges, and the slot checks with their redirect over pag
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,18 +19,33 @@ from oracle.ops.bench import Bench
 pytestmark = pytest.mark.kernel
 
 
+SOME_PENDING = "input_ids: a batch with pending and packed tokens"
+PAST_BLOCK = "input_ids: more tokens than one 1024-wide block of the kernel"
 TIE = "greedy_step: a tie at the max"
+SIXTEEN_BIT = "greedy_step: bfloat16 logits (a captured step's)"
 NOTHING = "greedy_step: a row with nothing to choose"
 REFUSED = "slot_check: a batch the rules refuse"
 ACCEPTED = "slot_check: a batch the rules accept"
 TWICE = "slot_check: a slot written twice"
 
 
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+@floors({SOME_PENDING: 0.2, PAST_BLOCK: 0.2})
+def test_input_ids(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(step.input_ids_cases(), label="case")
+    packed = case.pending.numel() - int(case.pending.count_nonzero())
+    exercised(SOME_PENDING, case.kind == "some" and packed > 0 and bool(case.pending.any()))
+    exercised(PAST_BLOCK, len(case.ids) > 1024)
+    step.check_input_ids(op_bench, case)
+
+
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({TIE: 0.3, NOTHING: 0.3})
+@floors({TIE: 0.3, NOTHING: 0.3, SIXTEEN_BIT: 0.3})
 def test_greedy_step(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(step.greedy_cases(), label="case")
+    exercised(SIXTEEN_BIT, case.logits.dtype == torch.bfloat16)
     exercised(TIE, "tie" in case.kinds)
     exercised(NOTHING, bool({"nan", "posinf", "all_neginf"} & set(case.kinds)))
     step.check_greedy_step(op_bench, case)

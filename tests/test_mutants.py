@@ -33,6 +33,7 @@ from engine.layers.kernels import InvariantKernels, TorchKernels, TritonInvarian
 from engine.layers.norm import RMSNorm
 from engine.sample import BaseSampler, Sampler
 from engine.step import ForwardOutput, slots
+from engine.step.kernels import StepKernels
 from oracle.mutants import MUTANTS, activate, mutants_for
 from oracle.mutants.killers import KillersError, killers, parse_killers
 from oracle.mutants.plugin import MUTANT_ENV
@@ -64,12 +65,13 @@ PATCHED: tuple[type | ModuleType, ...] = (
     TritonKernels,
     TritonInvariantKernels,
     slots,
+    StepKernels,
     ForwardOutput,
 )
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
-    "gemm_k_tail_dropped",
+    "gemm_k_tail_dropped", "triton_input_ids_batch_index_as_row",
     "top_p_chunk_carry_dropped", "tempered_argmax_last_tie", "top_p_keys_from_rounded_scores",
     "key_counts_signed_zeros_apart",
 }

@@ -96,11 +96,7 @@ def unpack_inputs(
     rows, cached, device_lens, starts, others, other_lens, token_req, positions, ids, mask = (
         packed[layout.span(name)] for name, _ in BLOCKS
     )
-    ids = ids.to(torch.int32)
-    if layout.pending == "all":
-        ids = last_tokens.index_select(0, rows)
-    elif layout.pending == "some":
-        ids = torch.where(mask.bool(), last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
+    ids = kernels.input_ids(ids, mask, rows, token_req, last_tokens, layout.pending)
     query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
                       layout.max_len, layout.max_other_len)
     out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)

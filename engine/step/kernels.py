@@ -1,11 +1,12 @@
-"""The decode step's kernels behind StepKernels, picked by name (EngineConfig.step_kernels): the slot check with its
-redirect, and a captured step's end. 'torch' is the reference (engine/step/slots.py, sample.greedy_tokens); 'triton'
-(CUDA) runs each in a few launches (engine/step/triton.py)."""
+"""The decode step's kernels behind StepKernels, picked by name (EngineConfig.step_kernels): the input ids, the slot
+check with its redirect, and a captured step's end. 'torch' is the reference (StepKernels' methods, step/slots.py,
+sample.greedy_tokens); 'triton' (CUDA) runs each in a few launches (engine/step/triton.py)."""
 
 from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -28,6 +29,19 @@ class StepKernels(ABC):
     """The torch reference is the default of each method."""
 
     name: str
+
+    def input_ids(
+        self, ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor,
+        last_tokens: torch.Tensor, kind: Literal["none", "all", "some"],
+    ) -> torch.Tensor:
+        """int32 [tokens]: the packed int64 ids, where a token is pending (kind 'all': every token, one per request;
+        'some': where `pending` is nonzero) its request's row of last_tokens instead."""
+        if kind == "all":
+            return last_tokens.index_select(0, rows)
+        ids = ids.to(torch.int32)
+        if kind == "some":
+            ids = torch.where(pending.bool(), last_tokens.index_select(0, rows.index_select(0, token_req)), ids)
+        return ids
 
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
@@ -58,9 +72,15 @@ class TritonStepKernels(StepKernels):
     name = "triton"
 
     def __init__(self) -> None:
-        from .triton import greedy_step, slot_check
+        from .triton import greedy_step, input_ids, slot_check
 
-        self._slot_check, self._greedy_step = slot_check, greedy_step
+        self._input_ids, self._slot_check, self._greedy_step = input_ids, slot_check, greedy_step
+
+    def input_ids(
+        self, ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor,
+        last_tokens: torch.Tensor, kind: Literal["none", "all", "some"],
+    ) -> torch.Tensor:
+        return self._input_ids(ids, pending, rows, token_req, last_tokens, kind)
 
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
@@ -78,8 +98,8 @@ class TritonStepKernels(StepKernels):
         if op == "greedy_step":
             logits = args[0]
             assert isinstance(logits, torch.Tensor)
-            if logits.dtype != torch.float32 or logits.stride(1) != 1:
-                return "the argmax kernel reads float32 logits with unit column stride"
+            if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16) or logits.stride(1) != 1:
+                return "the argmax kernel reads float32 or 16-bit logits with unit column stride"
         return None
 
 

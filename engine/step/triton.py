@@ -1,5 +1,6 @@
-"""Triton kernels of the decode step on CUDA: the slot checks and their redirect (engine/step/slots.py states the rule)
-and a captured step's greedy tokens (engine/sample.py's rule) with what the engine keeps of them."""
+"""Triton kernels of the decode step on CUDA: the input ids (StepKernels.input_ids states the rule), the slot checks
+and their redirect (engine/step/slots.py states the rule) and a captured step's greedy tokens (engine/sample.py's
+rule) with what the engine keeps of them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,41 @@ import triton.language as tl
 from .slots import SlotQuery
 
 SLOT_BLOCK = 256
+IDS_BLOCK = 1024
+
+
+@triton.jit
+def _input_ids_kernel(
+    ids_ptr, pending_ptr, rows_ptr, token_req_ptr, last_ptr, out_ptr, n, ALL: tl.constexpr, SOME: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """A block of tokens: the packed id, or its request's last token where the token is pending."""
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = t < n
+    if ALL:
+        ids = tl.load(last_ptr + tl.load(rows_ptr + t, mask=ok, other=0), mask=ok, other=0)
+    else:
+        ids = tl.load(ids_ptr + t, mask=ok, other=0).to(tl.int32)
+        if SOME:
+            pending = ok & (tl.load(pending_ptr + t, mask=ok, other=0) != 0)
+            row = tl.load(rows_ptr + tl.load(token_req_ptr + t, mask=pending, other=0), mask=pending, other=0)
+            ids = tl.where(pending, tl.load(last_ptr + row, mask=pending, other=0), ids)
+    tl.store(out_ptr + t, ids, mask=ok)
+
+
+def input_ids(
+    ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor, last_tokens: torch.Tensor,
+    kind: str,
+) -> torch.Tensor:
+    """StepKernels.input_ids in one launch."""
+    n = len(rows) if kind == "all" else len(ids)
+    out = torch.empty(n, dtype=torch.int32, device=ids.device)
+    if n:
+        _input_ids_kernel[(triton.cdiv(n, IDS_BLOCK),)](
+            ids, pending, rows, token_req, last_tokens, out, n, ALL=kind == "all", SOME=kind == "some",
+            BLOCK=IDS_BLOCK,
+        )
+    return out
 
 
 @triton.jit

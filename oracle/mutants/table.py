@@ -415,6 +415,22 @@ MUTANTS: dict[str, Mutant] = {
             kernels.slot_check_counts_once,
         ),
         Mutant(
+            "input_ids_batch_index_as_row",
+            "a pending token's id (the request's last sampled token) is read at the request's place in the batch, not "
+            "at its row of the engine's last tokens: right only while rows happen to follow batch order",
+            "sgl-project/sglang#25862 (the overlap scheduler's future tokens re-keyed from a ring slot to the "
+            "request's pool row), sgl-project/sglang-jax#1487 (a pending token replaced by another batch's)",
+            kernels.input_ids_batch_index_as_row,
+        ),
+        Mutant(
+            "triton_input_ids_batch_index_as_row",
+            "the same rule broken in the Triton input-ids kernel a captured step runs",
+            "as input_ids_batch_index_as_row, on the kernel the CUDA targets run",
+            kernels.triton_input_ids_batch_index_as_row,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "triton_slot_count_skipped",
             "the Triton slot check never launches its count kernel: a slot written twice or over cached KV passes",
             "the same rule as slot_check_counts_once, on the kernel the CUDA targets run",

@@ -1,6 +1,6 @@
-"""Op-level checks of the decode step's kernels (StepKernels): the greedy step (argmax, the rows' last tokens, the
-host payload) and the slot checks with their redirect. Both contracts are exact: integers, compared bitwise with the
-harness's own statement of the rules (not the engine's torch reference, so a bug there shows too)."""
+"""Op-level checks of the decode step's kernels (StepKernels): the input ids, the greedy step (argmax, the rows' last
+tokens, the host payload) and the slot checks with their redirect. Every contract is exact: integers, compared
+bitwise with the harness's own statement of the rules (not the engine's torch reference, so a bug there shows too)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,69 @@ ROW_KINDS = ("plain", "tie", "last", "nan", "posinf", "all_neginf", "some_neginf
 ARGMAX_EDGES = (*BLOCK_EDGES, 32768, 65536)  # the Triton argmax splits the vocabulary in up to 16 chunks of 2048+
 
 
+ID_KINDS = ("all", "some", "some", "none")
+ID_EDGES = (1024, 2048)  # the Triton kernel's blocks of tokens
+ID_RANGES = (50, 151936, 2**31 - 1)  # vocabularies: the last puts ids at int32's top
+
+
+@dataclass(frozen=True)
+class InputIdsCase:
+    ids: torch.Tensor  # int64 [tokens]: the packed ids
+    pending: torch.Tensor  # int64 [tokens] (kind 'some') or [0]: nonzero where the id comes from last_tokens
+    rows: torch.Tensor  # int64 [requests]
+    token_req: torch.Tensor  # int64 [tokens], nondecreasing: each token's request
+    last_tokens: torch.Tensor  # int32 [max_rows + 1]
+    kind: str
+
+
+@st.composite
+def input_ids_cases(draw: st.DrawFn) -> InputIdsCase:
+    """Tokens each side of the kernel's blocks; kind 'all' one token per request (a decode batch), else requests of
+    several tokens with any tokens pending; rows repeat, as padding rows repeat the dummy row."""
+    kind = draw(st.sampled_from(ID_KINDS))
+    tokens = draw(edge_sizes(ID_EDGES, 1, 2100))
+    gen = torch.Generator().manual_seed(draw(seeds))
+    requests = tokens if kind == "all" else draw(st.integers(1, min(tokens, 40)))
+    cuts = torch.randperm(tokens - 1, generator=gen)[: requests - 1] + 1
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), cuts.sort().values])
+    token_req = torch.zeros(tokens, dtype=torch.int64)
+    token_req[starts[1:]] = 1
+    token_req = token_req.cumsum(0)
+    max_rows = draw(st.integers(requests - 1, 3000))  # an engine has a row for each request of a batch
+    vocab = draw(st.sampled_from(ID_RANGES))
+    share = draw(st.sampled_from((0.0, 0.1, 0.5, 1.0)))
+    pending = torch.zeros(0, dtype=torch.int64)
+    if kind == "some":
+        pending = (torch.rand(tokens, generator=gen) < share).long()
+    return InputIdsCase(
+        torch.randint(0, vocab, (tokens,), generator=gen), pending,
+        torch.randint(0, max_rows + 1, (requests,), generator=gen), token_req,
+        torch.randint(0, vocab, (max_rows + 1,), generator=gen, dtype=torch.int32), kind,
+    )
+
+
+def expected_ids(case: InputIdsCase) -> torch.Tensor:
+    """int32 [tokens] by the rule, token by token: a pending token's id is its request's row's last token."""
+    rows, last, n = case.rows.tolist(), case.last_tokens.tolist(), len(case.ids)
+    pending = [bool(p) for p in case.pending.tolist()] if case.kind == "some" else [case.kind == "all"] * n
+    out = [last[rows[r]] if p else i for i, r, p in zip(case.ids.tolist(), case.token_req.tolist(), pending)]
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def check_input_ids(bench: Bench, case: InputIdsCase) -> None:
+    dev = bench.device
+    ins = [guarded(name, t.to(dev)) for name, t in (("ids", case.ids), ("pending", case.pending), ("rows", case.rows),
+                                                     ("token_req", case.token_req), ("last_tokens", case.last_tokens))]
+    call = describe({g.name: g.view for g in ins}, kind=case.kind)
+    out = bench.run_step_kernel("input_ids", "input_ids", *(g.view for g in ins), case.kind)
+    assert isinstance(out, torch.Tensor)
+    assert_bitwise("input_ids", call, "ids", out, expected_ids(case))
+    assert_untouched("input_ids", ins)
+
+
 @dataclass(frozen=True)
 class GreedyCase:
-    logits: torch.Tensor  # float32 [bs, vocab]
+    logits: torch.Tensor  # float32 or bfloat16 (a captured step's) [bs, vocab]
     last_tokens: torch.Tensor  # int32 [max_rows + 1]
     rows: torch.Tensor  # int64 [bs], distinct
     refused: bool
@@ -39,6 +99,7 @@ def greedy_cases(draw: st.DrawFn) -> GreedyCase:
     vocab = draw(edge_sizes(ARGMAX_EDGES, 2, 70000))
     max_rows = draw(st.integers(bs, bs + 8))
     seed = draw(seeds)
+    dtype = draw(st.sampled_from((torch.float32, torch.bfloat16)))
     logits = random_tensor((bs, vocab), torch.float32, draw(st.sampled_from((1.0, 30.0, 1e30))), seed)
     gen = torch.Generator().manual_seed(seed)
     kinds = tuple(draw(st.sampled_from(ROW_KINDS)) for _ in range(bs))
@@ -58,7 +119,7 @@ def greedy_cases(draw: st.DrawFn) -> GreedyCase:
             row.mul_(1e-39)
     rows = draw(st.lists(st.integers(0, max_rows), min_size=bs, max_size=bs, unique=True))
     last = torch.randint(0, vocab, (max_rows + 1,), generator=gen, dtype=torch.int32)
-    return GreedyCase(logits, last, torch.tensor(rows), draw(st.booleans()), kinds, draw(gaps))
+    return GreedyCase(logits.to(dtype), last, torch.tensor(rows), draw(st.booleans()), kinds, draw(gaps))
 
 
 def check_greedy_step(bench: Bench, case: GreedyCase) -> None:

@@ -57,6 +57,7 @@ KERNEL_OPS = (
         lambda b: kv_store.rope_store_cases(b.dtype, b.target.head_dim, kv_store.big_pools_fit(b.device)),
         kv_store.check_norm_rope_store,
     ),
+    KernelOp("input_ids", lambda b: step.input_ids_cases(), step.check_input_ids),
     KernelOp("greedy_step", lambda b: step.greedy_cases(), step.check_greedy_step),
     KernelOp("slot_check", lambda b: step.slot_cases(b.target.page_sizes), step.check_slot_check),
     _attention("prefill"),

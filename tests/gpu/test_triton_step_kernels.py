@@ -1,5 +1,5 @@
 """The Triton step kernels (engine/step/triton.py, engine/attention/page_ids.py) against their torch statements:
-the slot check, the greedy step and the graph's page ids, bit for bit.
+the input ids, the slot check, the greedy step and the graph's page ids, bit for bit.
 
 On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs them in Triton's interpreter, and
 tools/sm90_compile.py compiles their launches.
@@ -22,6 +22,7 @@ from engine.step.kernels import STEP_KERNELS, TORCH_STEP_KERNELS  # noqa: E402
 from engine.step.slots import SlotQuery  # noqa: E402
 from engine.step.triton import ARGMAX_BLOCK  # noqa: E402
 from engine.validate import Limits  # noqa: E402
+from oracle.ops import step as step_ops  # noqa: E402
 
 pytestmark = needs_kernel_device
 SPECIALS = ("nan", "+inf", "-inf row", "tie", "tie a tile apart")
@@ -107,19 +108,33 @@ def test_the_triton_slot_check_is_the_torch_one(
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
 
 
+@settings(max_examples=60, deadline=None)
+@given(case=step_ops.input_ids_cases())
+def test_input_ids_are_the_torch_ones(case: step_ops.InputIdsCase) -> None:
+    """Decode batches (every id pending), mixed ones (some pending) and prefills, counts each side of the kernel's
+    1024-token blocks: the same int32 ids as StepKernels' torch statement."""
+    args = [t.to(DEVICE) for t in (case.ids, case.pending, case.rows, case.token_req, case.last_tokens)]
+    want = TORCH_STEP_KERNELS.input_ids(*args, case.kind)  # type: ignore[arg-type]
+    got = STEP_KERNELS.factory("triton")().input_ids(*args, case.kind)  # type: ignore[arg-type]
+    assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     bs=st.integers(1, 9),
     vocab=st.sampled_from((7, 2048, 4097, 151936)),
     specials=st.lists(st.tuples(st.integers(0, 8), st.sampled_from(SPECIALS), st.integers(0, 10**6)), max_size=3),
     seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from((torch.float32, torch.bfloat16)),
 )
-@example(bs=2, vocab=151936, specials=[(1, "tie a tile apart", 100)], seed=0)  # drawn too rarely to rely on
-def test_greedy_step_is_the_torch_one(bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int) -> None:
+@example(bs=2, vocab=151936, specials=[(1, "tie a tile apart", 100)], seed=0, dtype=torch.float32)  # drawn rarely
+def test_greedy_step_is_the_torch_one(
+    bs: int, vocab: int, specials: list[tuple[int, str, int]], seed: int, dtype: torch.dtype
+) -> None:
     """A captured step's greedy tokens, last tokens and payload: the same as engine/sample.py's greedy_tokens and
     keep_tokens, with rows of NaN, +inf, all -inf (-1, kept as 0) and exact ties at the maximum (first index), also
-    two a tile apart in one lane."""
-    logits = torch.randn(bs, vocab, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    two a tile apart in one lane; on float32 logits and on bfloat16 ones (what a captured step now hands it)."""
+    logits = torch.randn(bs, vocab, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
     for row, kind, pick in specials:
         row %= bs
         if kind == "nan":

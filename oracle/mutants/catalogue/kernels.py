@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from engine.attention import torch_backend
 from engine.layers.kernels import TORCH_KERNELS, TorchKernels, TritonKernels
 from engine.step import ForwardOutput, slots
+from engine.step.kernels import StepKernels
 
 from .base import swap
 
@@ -25,6 +26,7 @@ _ORIGINAL_TORCH_STORE_KV = TorchKernels.store_kv
 _ORIGINAL_SLOT_VERDICT = slots.slot_verdict
 _ORIGINAL_TRITON_RMS_NORM = TritonKernels.rms_norm
 _ORIGINAL_TRITON_NORM_ROPE_STORE = TritonKernels.norm_rope_store
+_ORIGINAL_INPUT_IDS = StepKernels.input_ids
 
 
 def _bool_mask(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
@@ -131,6 +133,38 @@ def store_kv_one_past() -> contextlib.AbstractContextManager[None]:
 def slot_check_counts_once() -> contextlib.AbstractContextManager[None]:
     # redirected_slots reaches slot_verdict through engine.step.slots' module-level name; only that name is rebound.
     return swap(slots, "slot_verdict", _slot_verdict_counting_once)
+
+
+def _input_ids_batch_index_as_row(
+    self: StepKernels, ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor,
+    last_tokens: torch.Tensor, kind: Any,
+) -> torch.Tensor:
+    """A pending token's id is read at its request's place in the batch, not at that request's row."""
+    places = torch.arange(len(rows), dtype=rows.dtype, device=rows.device)
+    return _ORIGINAL_INPUT_IDS(self, ids, pending, places, token_req, last_tokens, kind)
+
+
+def input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
+    return swap(StepKernels, "input_ids", _input_ids_batch_index_as_row)
+
+
+@contextlib.contextmanager
+def triton_input_ids_batch_index_as_row() -> Any:
+    """The same bug in the Triton kernel: it is handed the requests' places in the batch for their rows."""
+    from engine.step import triton as step_triton
+
+    kernel = step_triton._input_ids_kernel
+
+    class _Launch:
+        def __getitem__(self, grid: object) -> Any:
+            def launch(ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+                places = torch.arange(len(rows), dtype=rows.dtype, device=rows.device)
+                return kernel[grid](ids, pending, places, *rest, **kw)
+
+            return launch
+
+    with swap(step_triton, "_input_ids_kernel", _Launch()):
+        yield
 
 
 def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
