@@ -295,10 +295,10 @@ class Engine:
             logits = self.model(batch.input_ids, batch.positions, self.ctx)
         if mode == "logits":
             return StepOutputs(logits, inputs)
-        if mode == "greedy":
+        if mode == "greedy":  # the argmax of the model's dtype is the argmax of its upcast
             tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
         else:
-            tokens = self.sampler.graph_draw(logits, mode, inputs.device_lens)
+            tokens = self.sampler.graph_draw(logits.float(), mode, inputs.device_lens)
             payload = keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
 
@@ -351,7 +351,7 @@ class Engine:
                     self._set_inputs(batch, self._unpack(upload(host, self.device.torch_device), layout))
                     self.attn_backend.prepare_metadata(batch)
                 with self.ctx.forward_batch(batch):
-                    logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n]
+                    logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n].float()
                 next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
                 payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             if self.device.is_cuda:

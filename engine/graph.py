@@ -23,7 +23,7 @@ Mode = str  # "greedy", "logits", or one of the sampler's graph_modes()
 
 @dataclass
 class StepOutputs:
-    logits: torch.Tensor  # float32 [bs, vocab]
+    logits: torch.Tensor  # [bs, vocab]: the model's dtype in a captured step, float32 from replay()
     inputs: BatchInputs
     tokens: torch.Tensor | None = None  # int32 [bs], -1: nothing to sample; not in logits mode
     # int32 [2 bs + 1]: tokens, slot verdict, the rows' last tokens before the step; not in logits mode
@@ -122,8 +122,9 @@ class GraphRunner:
         self.inputs[: host.numel()].copy_(host, non_blocking=True)
 
     def replay(self, batch: Batch, mode: Mode) -> StepOutputs:
-        """The batch's rows of logits and tokens come back as copies (the caller may hold them for any number of later
-        steps; padding rows are left out); payload and inputs are valid until the next replay of this size."""
+        """The batch's rows of logits (upcast to float32) and tokens come back as copies (the caller may hold them for
+        any number of later steps; padding rows are left out); payload and inputs are valid until the next replay of
+        this size."""
         bs = batch.padded_size
         graph = self.graphs.get(mode, {}).get(bs)
         if graph is None or self._backend is None:
@@ -134,7 +135,8 @@ class GraphRunner:
         out = self.outputs[mode][bs]
         n = batch.size
         tokens = out.tokens[:n].clone() if out.tokens is not None else None
-        return StepOutputs(out.logits[:n].clone(), out.inputs, tokens, out.payload)
+        logits = out.logits[:n].to(torch.float32, copy=True)
+        return StepOutputs(logits, out.inputs, tokens, out.payload)
 
     def destroy(self) -> None:
         self.graphs.clear()

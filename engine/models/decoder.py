@@ -84,7 +84,8 @@ class DecoderBody(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """float32 logits of each request's last token."""
+    """The logits of each request's last token, in the model's dtype (the engine upcasts them, as HF does after its
+    head, where it hands them out or samples)."""
 
     qk_norm = False
 
@@ -119,4 +120,4 @@ class DecoderForCausalLM(nn.Module):
             last = metadata.get_last_indices()
             hidden, residual = hidden[last], residual[last]
         logits, _ = self.model.norm.forward_linear(hidden, residual, self.lm_head.projection, None, ctx)
-        return logits.float()
+        return logits
