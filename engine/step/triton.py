@@ -97,12 +97,15 @@ def _slot_count_kernel(
 
 @triton.jit
 def _slot_redirect_kernel(
-    out_ptr, table_rows_ptr, rows_ptr, len_ptr, flag_ptr, n_tokens, n_batch, dummy_slot, dummy_row,
+    out_ptr, table_rows_ptr, rows_ptr, len_ptr, flag_ptr, refused_ptr, n_tokens, n_batch, dummy_slot, dummy_row,
     PADDED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """After the verdict: a refused batch (and padding) goes to the dummy page and row."""
+    """After the verdict: a refused batch (and padding) goes to the dummy page and row; program 0 writes the
+    verdict."""
     k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     refused = tl.load(flag_ptr) > 0
+    if tl.program_id(0) == 0:
+        tl.store(refused_ptr, refused)
     tok = k < n_tokens
     to_dummy = refused
     if PADDED:
@@ -120,8 +123,9 @@ def slot_check(
     """slots.redirected_slots in three launches."""
     device = page_table.device
     n, m, t = len(q.rows), len(q.others), len(q.positions)
-    hits = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    zeroed = torch.zeros(num_slots + 2, dtype=torch.int32, device=device)  # one fill: the hits, then the flag
+    hits, flag = zeroed[: num_slots + 1], zeroed[num_slots + 1 :]
+    refused = torch.empty(1, dtype=torch.bool, device=device)
     out_loc = torch.empty(t, dtype=torch.int32, device=device)
     table_rows = torch.empty(n, dtype=torch.int64, device=device)
     blocks = triton.cdiv(max(q.max_len, q.max_other_len), SLOT_BLOCK)
@@ -134,13 +138,15 @@ def slot_check(
         page_table, stride, q.rows, q.cached, q.device_len, hits, flag, num_slots, BLOCK=SLOT_BLOCK
     )
     _slot_redirect_kernel[(triton.cdiv(max(t, n), SLOT_BLOCK),)](
-        out_loc, table_rows, q.rows, q.device_len, flag, t, n, num_slots, dummy_row, PADDED=padded, BLOCK=SLOT_BLOCK
+        out_loc, table_rows, q.rows, q.device_len, flag, refused, t, n, num_slots, dummy_row, PADDED=padded,
+        BLOCK=SLOT_BLOCK,
     )
-    return out_loc, table_rows, flag[0] > 0
+    return out_loc, table_rows, refused[0]
 
 
 ARGMAX_BLOCK = 2048
-ARGMAX_SPLITS = 16
+ARGMAX_PROGRAMS = 128  # a small batch splits its rows further, so its few rows still fill the GPU
+ARGMAX_SPLITS = 16  # the fewest splits of a row
 
 
 @triton.jit
@@ -203,7 +209,7 @@ def greedy_step(
     logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bs, vocab = logits.shape
-    splits = min(ARGMAX_SPLITS, triton.cdiv(vocab, ARGMAX_BLOCK))
+    splits = min(max(ARGMAX_SPLITS, ARGMAX_PROGRAMS // bs), triton.cdiv(vocab, ARGMAX_BLOCK))
     chunk = triton.cdiv(vocab, splits)
     part_max = torch.empty(bs, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(bs, splits, dtype=torch.int32, device=logits.device)

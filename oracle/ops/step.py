@@ -20,7 +20,8 @@ from .guard import assert_untouched, guarded
 from .strategies import BLOCK_EDGES, edge_sizes, gaps, random_tensor, seq_lengths
 
 ROW_KINDS = ("plain", "tie", "last", "nan", "posinf", "all_neginf", "some_neginf", "subnormal")
-ARGMAX_EDGES = (*BLOCK_EDGES, 32768, 65536)  # the Triton argmax splits the vocabulary in up to 16 chunks of 2048+
+# The Triton argmax splits a row into 2048-wide chunks, up to 128 programs a batch, 16 chunks a row at least.
+ARGMAX_EDGES = (*BLOCK_EDGES, 32768, 65536)
 
 
 ID_KINDS = ("all", "some", "some", "none")
