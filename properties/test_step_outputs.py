@@ -1,5 +1,5 @@
 """Property 12: a step's outputs are its own. What forward_batch returned for step N (logits, next_tokens and
-next_tokens_cpu) is unchanged after steps N+1, N+2, ... run.
+next_tokens_cpu) is unchanged after steps N+1, N+2, ... run, and its logits are float32 whatever the model's dtype.
 
 Requests (greedy or sampled, on their own page-table rows via oracle.drive.place) are prefilled together and then
 decoded together for 2..4 steps, the caller holding every step's ForwardOutput. Each step's tensors are cloned as
@@ -64,6 +64,7 @@ def test_a_steps_outputs_survive_later_steps(
     steps += [run_step(engine, reqs, "decode") for _ in range(decode_steps)]
     for n, (out, (logits, tokens, tokens_cpu), _) in enumerate(steps):
         what = f"step {n} of {len(steps)} ({len(reqs)} requests)"
+        assert out.logits.dtype == torch.float32, f"{what}: logits handed out as {out.logits.dtype}, not float32"
         assert torch.equal(out.logits, logits), f"{what}: its logits changed when later steps ran"
         assert torch.equal(out.next_tokens_gpu, tokens), f"{what}: its next_tokens changed when later steps ran"
         assert torch.equal(out.next_tokens_cpu, tokens_cpu), f"{what}: next_tokens_cpu changed when later steps ran"
