@@ -135,13 +135,17 @@ def slot_check_counts_once() -> contextlib.AbstractContextManager[None]:
     return swap(slots, "slot_verdict", _slot_verdict_counting_once)
 
 
+def _batch_places(rows: torch.Tensor) -> torch.Tensor:
+    """What both input-ids mutants pass for the requests' rows: their places in the batch."""
+    return torch.arange(len(rows), dtype=rows.dtype, device=rows.device)
+
+
 def _input_ids_batch_index_as_row(
     self: StepKernels, ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor,
     last_tokens: torch.Tensor, kind: Any,
 ) -> torch.Tensor:
     """A pending token's id is read at its request's place in the batch, not at that request's row."""
-    places = torch.arange(len(rows), dtype=rows.dtype, device=rows.device)
-    return _ORIGINAL_INPUT_IDS(self, ids, pending, places, token_req, last_tokens, kind)
+    return _ORIGINAL_INPUT_IDS(self, ids, pending, _batch_places(rows), token_req, last_tokens, kind)
 
 
 def input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
@@ -158,8 +162,7 @@ def triton_input_ids_batch_index_as_row() -> Any:
     class _Launch:
         def __getitem__(self, grid: object) -> Any:
             def launch(ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, *rest: Any, **kw: Any) -> Any:
-                places = torch.arange(len(rows), dtype=rows.dtype, device=rows.device)
-                return kernel[grid](ids, pending, places, *rest, **kw)
+                return kernel[grid](ids, pending, _batch_places(rows), *rest, **kw)
 
             return launch
 
