@@ -1,5 +1,5 @@
-"""Triton decode attention on CUDA, the decode half of the `triton` hybrid: lengths (positions + 1) and rows are read
-on the device, so the host builds no page metadata and a graph replays with no plan.
+"""Triton decode attention on CUDA, the decode half of the `triton` hybrid: lengths (the newest positions + 1, added in
+the kernel) and rows are read on the device, so the host builds no page metadata and a graph replays with no plan.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the layers import the models package, which imports the att
 class TritonDecodeMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor
     num_splits: int  # split-KV chunks per request
-    seq_lens: torch.Tensor | None = None  # positions + 1, on the device
+    positions: torch.Tensor | None = None  # each request's newest token's: its length less one, on the device
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -53,16 +53,16 @@ class TritonDecodeBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         longest = max(r.device_len for r in batch.padded_reqs)
         bs = batch.padded_size
-        batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest), batch.positions + 1)
+        batch.attn_metadata = TritonDecodeMetadata(self._arange[:bs], self._splits(bs, longest), batch.positions)
 
     def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         """Decode batches only, so a request's tokens but its newest come from earlier steps: read early."""
         batch = ctx.batch
         meta = batch.attn_metadata
-        assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
+        assert isinstance(meta, TritonDecodeMetadata) and meta.positions is not None
         return self._decode.paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, batch.table_rows,
-            meta.seq_lens, self.scale, meta.num_splits, self._arrivals, early=True,
+            meta.positions, self.scale, meta.num_splits, self._arrivals, early=True, len_offset=1,
         )
 
     def forward_new_tokens(
@@ -74,7 +74,7 @@ class TritonDecodeBackend(BaseAttnBackend):
         if not ctx.kernels.rope_store_fusable():
             return None
         batch, meta = ctx.batch, ctx.batch.attn_metadata
-        assert isinstance(meta, TritonDecodeMetadata) and meta.seq_lens is not None
+        assert isinstance(meta, TritonDecodeMetadata) and meta.positions is not None
         cos, sin = rope.table.tables_in(q.dtype)
         (qw, q_eps), (kw, k_eps) = weight_eps(q_norm), weight_eps(k_norm)
         new = self._decode.NewTokens(k, v, batch.out_loc, cos, sin, qw, q_eps, kw, k_eps)
@@ -82,8 +82,8 @@ class TritonDecodeBackend(BaseAttnBackend):
         if not self._decode.fuses_new_tokens(q, new, k_slots, v_slots):
             return None
         return self._decode.paged_decode(
-            q, k_slots, v_slots, self.page_table, batch.table_rows, meta.seq_lens, self.scale, meta.num_splits,
-            self._arrivals, new, early=True,
+            q, k_slots, v_slots, self.page_table, batch.table_rows, meta.positions, self.scale, meta.num_splits,
+            self._arrivals, new, early=True, len_offset=1,
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
@@ -96,7 +96,7 @@ class TritonDecodeBackend(BaseAttnBackend):
     def graph_metadata(self, batch: Batch) -> None:
         meta = batch.attn_metadata
         assert isinstance(meta, TritonDecodeMetadata)
-        meta.seq_lens = batch.positions + 1
+        meta.positions = batch.positions
 
     def prepare_for_replay(self, batch: Batch) -> None:
         """Nothing: the graph computes the rows and lengths itself."""

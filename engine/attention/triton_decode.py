@@ -29,7 +29,7 @@ def _decode_kernel(
     new_k_ptr, new_v_ptr, loc_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, stride_nk, stride_nkh, stride_nv, stride_nvh,
     stride_rope, q_eps, k_eps,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr, TC: tl.constexpr,
+    SPLIT: tl.constexpr, S_PAD: tl.constexpr, PDL: tl.constexpr, TC: tl.constexpr, LEN_OFFSET: tl.constexpr,
     FUSED: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, EARLY: tl.constexpr,
 ):
     """One (request, kv head, split): all GROUP query heads over the split's tokens; SPLIT: the last split of a
@@ -47,7 +47,7 @@ def _decode_kernel(
     # With EARLY, before the wait (engine/layers/triton_pdl.py): rows, lengths, page table and the earlier tokens'
     # K/V; only the newest token's K/V is written in this layer.
     row = tl.load(rows_ptr + b).to(tl.int64)
-    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    seq_len = tl.load(lens_ptr + b).to(tl.int32) + LEN_OFFSET
     newest = seq_len - 1
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
@@ -212,14 +212,15 @@ def fuses_new_tokens(q: torch.Tensor, new: NewTokens, k_slots: torch.Tensor, v_s
 def paged_decode(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, page_table: torch.Tensor,
     table_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
-    arrivals: torch.Tensor | None = None, new: NewTokens | None = None, early: bool = False,
+    arrivals: torch.Tensor | None = None, new: NewTokens | None = None, early: bool = False, len_offset: int = 0,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] slots of row table_rows[i] → [bs, Hq, D].
     arrivals: int32 zeros, at least bs * Hkv, that the split merge counts on and leaves zero (None: made here).
     new: q and each request's newest k (at seq_lens - 1) unnormed and unrotated, stored here (fuses_new_tokens).
     early: every row's tokens but its newest were stored before the step's layers ran (a decode batch, one new token
     per request; not a query of a prefill chunk, whose chunk-mates this layer stores), so the kernel reads them before
-    its PDL wait, while the kernel before it runs."""
+    its PDL wait, while the kernel before it runs. len_offset: added to seq_lens in the kernel (1: the newest tokens'
+    positions stand for the lengths, with no add kernel before)."""
     bs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
     assert num_q_heads % num_kv_heads == 0 and num_splits >= 1
@@ -248,6 +249,7 @@ def paged_decode(
         fused.q_eps, fused.k_eps,
         GROUP=group, G_PAD=g_pad, HEAD_DIM=head_dim, BLOCK_N=tokens, SPLIT=num_splits > 1,
         S_PAD=triton.next_power_of_2(num_splits), PDL=pdl, launch_pdl=pdl, TC=tensor_core_products(q, k_slots),
+        LEN_OFFSET=len_offset,
         FUSED=new is not None, Q_NORM=fused.q_weight is not None, K_NORM=fused.k_weight is not None, EARLY=early,
         num_warps=NUM_WARPS,
     )

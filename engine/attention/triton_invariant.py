@@ -23,7 +23,7 @@ SPLITS = 16  # enough programs at batch 1; chosen from the batch, it would chang
 class InvariantMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor
     token_rows: torch.Tensor | None = None  # each token's page-table row (prefill and extend; decode reads table_rows)
-    seq_lens: torch.Tensor | None = None  # each token's keys: its position + 1, on the device
+    positions: torch.Tensor | None = None  # each token's position, on the device: it attends to position + 1 keys
 
     def get_last_indices(self) -> torch.Tensor:
         return self.last_indices
@@ -45,24 +45,23 @@ class TritonInvariantBackend(BaseAttnBackend):
         self._arange = torch.arange(page_table.shape[0], dtype=torch.int64, device=device)
 
     def prepare_metadata(self, batch: Batch) -> None:
-        lens = batch.positions + 1
         if batch.is_decode:
-            batch.attn_metadata = InvariantMetadata(self._arange[: batch.padded_size], seq_lens=lens)
+            batch.attn_metadata = InvariantMetadata(self._arange[: batch.padded_size], positions=batch.positions)
             return
         extend = [req.extend_len for req in batch.padded_reqs]
         counts = upload(torch.tensor(extend, dtype=torch.int64), batch.table_rows.device)
         rows = batch.table_rows.repeat_interleave(counts, output_size=sum(extend))
         last = torch.cumsum(counts, 0) - 1
-        batch.attn_metadata = InvariantMetadata(last, rows, lens)
+        batch.attn_metadata = InvariantMetadata(last, rows, batch.positions)
 
     def forward(self, q: torch.Tensor, layer_id: int, ctx: Context) -> torch.Tensor:
         batch = ctx.batch
         meta = batch.attn_metadata
-        assert isinstance(meta, InvariantMetadata) and meta.seq_lens is not None
+        assert isinstance(meta, InvariantMetadata) and meta.positions is not None
         rows = batch.table_rows if meta.token_rows is None else meta.token_rows
         return self._paged_decode(
             q, self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), self.page_table, rows,
-            meta.seq_lens, self.scale, SPLITS,
+            meta.positions, self.scale, SPLITS, len_offset=1,
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
@@ -74,7 +73,7 @@ class TritonInvariantBackend(BaseAttnBackend):
     def graph_metadata(self, batch: Batch) -> None:
         meta = batch.attn_metadata
         assert isinstance(meta, InvariantMetadata)
-        meta.seq_lens = batch.positions + 1
+        meta.positions = batch.positions
 
     def prepare_for_replay(self, batch: Batch) -> None:
         """Nothing: the graph computes the lengths itself."""

@@ -158,6 +158,13 @@ def test_int64_lengths_and_short_splits() -> None:
     _check(paged_decode(**inputs, num_splits=16), inputs)
 
 
+def test_positions_with_a_length_offset_stand_for_the_lengths() -> None:
+    """len_offset=1 reads each request's newest position (int64, as the backends pass them) as its length less one."""
+    inputs = _case(9, torch.float32, 2, 2, 64, [450, 1, 100, 64], "paged")
+    positions = inputs["seq_lens"].long() - 1
+    _check(paged_decode(**{**inputs, "seq_lens": positions}, num_splits=8, len_offset=1), inputs)
+
+
 def test_split_merge_leaves_its_counters_zero_for_the_next_launch() -> None:
     """The last split of each (request, kv head) merges and resets its counter: a second call on the same counters
     (the next layer, the next replay) merges again."""

@@ -107,7 +107,7 @@ def _triton_lengths_of_capture(self: TritonDecodeBackend, batch: Batch) -> None:
     _ORIGINAL_TRITON_GRAPH_METADATA(self, batch)
     meta = batch.attn_metadata
     if isinstance(meta, TritonDecodeMetadata):
-        meta.seq_lens = torch.ones_like(batch.positions)
+        meta.positions = torch.zeros_like(batch.positions)
 
 
 def triton_decode_lengths_frozen() -> contextlib.AbstractContextManager[None]:
