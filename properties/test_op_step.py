@@ -2,7 +2,9 @@
 counts each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN,
 +inf and all -inf rows, the rows' last tokens kept, the host payload) over vocabularies each side of the argmax
 kernel's block and split edges, and the slot checks with their redirect over page tables with one planted fault
-(a slot written twice, over cached or live KV, out of the pool, off its page). Marker ``kernel``."""
+(a slot written twice, over cached or live KV, out of the pool, off its page), in a decode batch's layout (one new
+token each: the Triton check's two-launch path, whose flag one bench carries from example to example) and in
+others. Marker ``kernel``."""
 
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ NOTHING = "greedy_step: a row with nothing to choose"
 REFUSED = "slot_check: a batch the rules refuse"
 ACCEPTED = "slot_check: a batch the rules accept"
 TWICE = "slot_check: a slot written twice"
+ONE_EACH = "slot_check: one new token per request (a decode batch's layout)"
+TWICE_ONE_EACH = "slot_check: two requests' one new tokens on one slot"
 
 
 @settings(max_examples=examples(1.0))
@@ -53,13 +57,16 @@ def test_greedy_step(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(4.0))
 @given(data=st.data())
-@floors({REFUSED: 0.25, ACCEPTED: 0.2, TWICE: 0.05})
+@floors({REFUSED: 0.25, ACCEPTED: 0.2, TWICE: 0.05, ONE_EACH: 0.25, TWICE_ONE_EACH: 0.04})
 def test_slot_check(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(step.slot_cases(op_bench.target.page_sizes), label="case")
     refused = step.expected_slots(case)[2]
+    one_each = all(d - c == 1 for c, d in zip(case.cached, case.device_len))
     exercised(REFUSED, refused)
     exercised(ACCEPTED, not refused)
     exercised(TWICE, case.fault == "duplicate" and refused)
+    exercised(ONE_EACH, one_each)
+    exercised(TWICE_ONE_EACH, one_each and case.fault == "duplicate" and refused and len(case.rows) > 1)
     step.check_slot_check(op_bench, case)
 
 

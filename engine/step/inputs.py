@@ -64,7 +64,8 @@ def pack_inputs(
         pending += [False] * pad
         n = pad_to
     extend = [d - c for c, d in zip(cached, device_lens)]
-    if all(e <= 1 for e in extend):
+    one_each = all(e <= 1 for e in extend)
+    if one_each:
         token_req, positions = list(range(n)), cached
         starts = token_req
     else:
@@ -80,7 +81,8 @@ def pack_inputs(
     mask = [int(pending[i]) for i in token_req] if kind == "some" else []
     host = host_tensor(rows + cached + device_lens + starts + others + other_lens + token_req + positions + flat
                        + mask)  # after check_token_ids: an id past int64 would fail here
-    layout = InputLayout(n, len(token_req), len(others), max_len, max_other_len, kind, decode, pad_to is not None)
+    layout = InputLayout(n, len(token_req), len(others), max_len, max_other_len, kind, decode, pad_to is not None,
+                         one_each)
     return host, layout
 
 
@@ -98,6 +100,6 @@ def unpack_inputs(
     )
     ids = kernels.input_ids(ids, mask, rows, token_req, last_tokens, layout.pending)
     query = SlotQuery(rows, cached, device_lens, starts, token_req, positions, others, other_lens,
-                      layout.max_len, layout.max_other_len)
+                      layout.max_len, layout.max_other_len, layout.one_each)
     out_loc, table_rows, refused = kernels.slot_check(page_table, query, limits, layout.padded)
     return BatchInputs(ids, positions, device_lens, out_loc, rows, table_rows, refused.view(1))

@@ -75,6 +75,7 @@ class TritonStepKernels(StepKernels):
         from .triton import greedy_step, input_ids, slot_check
 
         self._input_ids, self._slot_check, self._greedy_step = input_ids, slot_check, greedy_step
+        self._slot_flags: dict[torch.device, torch.Tensor] = {}  # each device's, zero between checks
 
     def input_ids(
         self, ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, token_req: torch.Tensor,
@@ -85,7 +86,11 @@ class TritonStepKernels(StepKernels):
     def slot_check(
         self, page_table: torch.Tensor, query: SlotQuery, limits: Limits, padded: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._slot_check(page_table, query, limits.num_slots, limits.page_size, limits.max_rows, padded)
+        device = page_table.device
+        flag = self._slot_flags.get(device)
+        if flag is None:
+            flag = self._slot_flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return self._slot_check(page_table, query, limits.num_slots, limits.page_size, limits.max_rows, padded, flag)
 
     def greedy_step(
         self, logits: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor

@@ -26,6 +26,7 @@ class InputLayout:
     pending: Literal["none", "all", "some"]  # which ids come from the rows' last sampled tokens
     decode: bool
     padded: bool  # a graph's: requests with device_len 0 pad the batch and write the dummy page
+    one_each: bool  # token k is request k's, at position cached[k] (SlotQuery.one_each)
 
     @cached_property
     def _spans(self) -> dict[str, slice]:

@@ -28,6 +28,7 @@ class SlotQuery:
     other_lens: torch.Tensor
     max_len: int
     max_other_len: int
+    one_each: bool = False  # token k is request k's, at position cached[k] (a decode layout: one token at most each)
 
 
 @dataclass

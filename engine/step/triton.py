@@ -96,50 +96,135 @@ def _slot_count_kernel(
 
 
 @triton.jit
+def _slot_one_each_kernel(
+    table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, others_ptr, other_lens_ptr, n_batch, flag_ptr, out_ptr,
+    num_slots, PS: tl.constexpr, BLOCK: tl.constexpr, W_BLOCK: tl.constexpr,
+):
+    """SlotQuery.one_each: row i (batch rows, then live rows), a block of columns, the rule checked against the
+    batch's written slots, gathered here (no hits array to clear): a cached slot that one is written to, or a written
+    slot another request writes too, flags the batch."""
+    i = tl.program_id(0)
+    first_col = tl.program_id(1) * BLOCK
+    batch = i < n_batch
+    other = tl.maximum(i - n_batch, 0)
+    k = tl.arange(0, W_BLOCK)
+    k_data = _written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr)  # loaded beside the row's own
+    if batch:
+        row = tl.load(rows_ptr + i)
+        length = tl.load(len_ptr + i)
+        cached = tl.load(cached_ptr + i)
+    else:  # a live row's slots all count as cached
+        row = tl.load(others_ptr + other)
+        length = tl.load(other_lens_ptr + other)
+        cached = length
+    if first_col < length:
+        j = first_col + tl.arange(0, BLOCK)
+        used = j < length
+        slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
+        k_slot = _written_slots(k_data, table_ptr, stride_row)
+        in_pool = (slot >= 0) & (slot < num_slots)
+        bad = used & ~in_pool
+        if PS > 1:
+            first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
+            bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
+        bad = bad & batch
+        held = used & in_pool & (j < cached)
+        written = used & in_pool & (j >= cached) & batch
+        tl.store(out_ptr + i + j - cached, slot, mask=used & (j >= cached) & batch)
+        clash = tl.zeros([BLOCK], tl.int32)
+        k0 = 0
+        while k0 < n_batch:  # not `for ... in range`: the interpreter takes no tensor bounds (numpy 2.4)
+            same = slot[:, None] == k_slot[None, :]  # k_slot is -1 where k writes nothing
+            twice = written[:, None] & (k[None, :] != i)
+            clash = tl.maximum(clash, tl.max((same & (held[:, None] | twice)).to(tl.int32), axis=1))
+            k0 += W_BLOCK
+            k = k0 + tl.arange(0, W_BLOCK)
+            k_slot = _written_slots(_written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr), table_ptr,
+                                    stride_row)
+        verdict = tl.maximum(tl.max(bad.to(tl.int32), axis=0), tl.max(clash, axis=0))
+        if verdict > 0:
+            tl.atomic_max(flag_ptr, verdict)
+
+
+@triton.jit
+def _written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr):
+    """Requests k's rows and new tokens' positions, and whether each writes one (padding does not)."""
+    valid = k < n_batch
+    k_cached = tl.load(cached_ptr + k, mask=valid, other=0)
+    writes = valid & (tl.load(len_ptr + k, mask=valid, other=0) > k_cached)
+    return tl.load(rows_ptr + k, mask=valid, other=0), k_cached, writes
+
+
+@triton.jit
+def _written_slots(k_data, table_ptr, stride_row):
+    """The slots _written_requests' tokens are written to; -1 where none is, which no slot in the pool equals."""
+    k_row, k_cached, writes = k_data
+    return tl.load(table_ptr + k_row * stride_row + k_cached, mask=writes, other=-1)
+
+
+@triton.jit
 def _slot_redirect_kernel(
     out_ptr, table_rows_ptr, rows_ptr, len_ptr, flag_ptr, refused_ptr, n_tokens, n_batch, dummy_slot, dummy_row,
-    PADDED: tl.constexpr, BLOCK: tl.constexpr,
+    PADDED: tl.constexpr, RESET: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """After the verdict: a refused batch (and padding) goes to the dummy page and row; program 0 writes the
-    verdict."""
-    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    verdict. RESET (one program): the flag is cleared for the next check after every read of it."""
     refused = tl.load(flag_ptr) > 0
     if tl.program_id(0) == 0:
         tl.store(refused_ptr, refused)
-    tok = k < n_tokens
-    to_dummy = refused
-    if PADDED:
-        to_dummy = to_dummy | (tl.load(len_ptr + k, mask=tok, other=1) == 0)
-    loc = tl.load(out_ptr + k, mask=tok, other=0)
-    tl.store(out_ptr + k, tl.where(to_dummy, dummy_slot, loc), mask=tok)
-    req = k < n_batch
-    rows = tl.load(rows_ptr + k, mask=req, other=0)
-    tl.store(table_rows_ptr + k, tl.where(refused, dummy_row, rows), mask=req)
+    start = tl.program_id(0) * BLOCK
+    while start < tl.maximum(n_tokens, n_batch):
+        k = start + tl.arange(0, BLOCK)
+        start += tl.num_programs(0) * BLOCK
+        tok = k < n_tokens
+        to_dummy = refused
+        if PADDED:
+            to_dummy = to_dummy | (tl.load(len_ptr + k, mask=tok, other=1) == 0)
+        loc = tl.load(out_ptr + k, mask=tok, other=0)
+        tl.store(out_ptr + k, tl.where(to_dummy, dummy_slot, loc), mask=tok)
+        req = k < n_batch
+        rows = tl.load(rows_ptr + k, mask=req, other=0)
+        tl.store(table_rows_ptr + k, tl.where(refused, dummy_row, rows), mask=req)
+    if RESET:
+        tl.debug_barrier()  # every thread has read the flag
+        tl.store(flag_ptr, 0)
+
+
+ONE_EACH_MAX = 512  # past this many requests, comparing every slot with every written one costs more than the hits
 
 
 def slot_check(
-    page_table: torch.Tensor, q: SlotQuery, num_slots: int, page_size: int, dummy_row: int, padded: bool
+    page_table: torch.Tensor, q: SlotQuery, num_slots: int, page_size: int, dummy_row: int, padded: bool,
+    flag: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """slots.redirected_slots in three launches."""
+    """slots.redirected_slots in two launches (SlotQuery.one_each, up to ONE_EACH_MAX requests), else in three after a
+    fill. flag: the caller's int32 zero, zero again when a two-launch check returns."""
     device = page_table.device
     n, m, t = len(q.rows), len(q.others), len(q.positions)
-    zeroed = torch.zeros(num_slots + 2, dtype=torch.int32, device=device)  # one fill: the hits, then the flag
-    hits, flag = zeroed[: num_slots + 1], zeroed[num_slots + 1 :]
     refused = torch.empty(1, dtype=torch.bool, device=device)
     out_loc = torch.empty(t, dtype=torch.int32, device=device)
     table_rows = torch.empty(n, dtype=torch.int64, device=device)
     blocks = triton.cdiv(max(q.max_len, q.max_other_len), SLOT_BLOCK)
     stride = page_table.stride(0)
-    _slot_mark_kernel[(n + m, blocks)](
-        page_table, stride, q.rows, q.cached, q.device_len, q.starts, q.others, q.other_lens, n, hits, flag, out_loc,
-        num_slots, PS=page_size, BLOCK=SLOT_BLOCK,
-    )
-    _slot_count_kernel[(n, triton.cdiv(q.max_len, SLOT_BLOCK))](
-        page_table, stride, q.rows, q.cached, q.device_len, hits, flag, num_slots, BLOCK=SLOT_BLOCK
-    )
-    _slot_redirect_kernel[(triton.cdiv(max(t, n), SLOT_BLOCK),)](
+    one_each = q.one_each and n <= ONE_EACH_MAX
+    if one_each:
+        _slot_one_each_kernel[(n + m, blocks)](
+            page_table, stride, q.rows, q.cached, q.device_len, q.others, q.other_lens, n, flag, out_loc, num_slots,
+            PS=page_size, BLOCK=SLOT_BLOCK, W_BLOCK=32,
+        )
+    else:
+        zeroed = torch.zeros(num_slots + 2, dtype=torch.int32, device=device)  # one fill: the hits, then the flag
+        hits, flag = zeroed[: num_slots + 1], zeroed[num_slots + 1 :]
+        _slot_mark_kernel[(n + m, blocks)](
+            page_table, stride, q.rows, q.cached, q.device_len, q.starts, q.others, q.other_lens, n, hits, flag,
+            out_loc, num_slots, PS=page_size, BLOCK=SLOT_BLOCK,
+        )
+        _slot_count_kernel[(n, triton.cdiv(q.max_len, SLOT_BLOCK))](
+            page_table, stride, q.rows, q.cached, q.device_len, hits, flag, num_slots, BLOCK=SLOT_BLOCK
+        )
+    _slot_redirect_kernel[(1 if one_each else triton.cdiv(max(t, n), SLOT_BLOCK),)](
         out_loc, table_rows, q.rows, q.device_len, flag, refused, t, n, num_slots, dummy_row, PADDED=padded,
-        BLOCK=SLOT_BLOCK,
+        RESET=one_each, BLOCK=SLOT_BLOCK,
     )
     return out_loc, table_rows, refused[0]
 

@@ -439,6 +439,14 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "triton_slot_flag_kept",
+            "the Triton slot check of a decode batch never clears its flag: after one refused step, every step is",
+            "state a step leaves for the next: a verdict or counter reused across launches without its reset",
+            kernels.triton_slot_flag_kept,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "triton_rms_norm_undeclared_fallback",
             "the Triton RMSNorm hands batches of more than 8 rows to the torch reference without declaring it: the "
             "kernel under test is never exercised there",

@@ -169,12 +169,16 @@ def slot_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> SlotCase:
     max_rows = draw(st.integers(1, 6))
     n = draw(st.integers(1, max_rows))
     fault = draw(st.sampled_from(FAULTS))
-    decode = draw(st.booleans()) and fault != "duplicate"  # a duplicate needs two new tokens at one page offset
+    # One new token each (the Triton kernels' two-launch path); a duplicate there needs two requests.
+    decode = draw(st.booleans()) and (fault != "duplicate" or n > 1)
     order = draw(st.permutations(range(max_rows)))
     rows, others = order[:n], order[n : draw(st.integers(n, max_rows))]
     lens = [draw(seq_lengths(width, ps)) for _ in rows]
     if fault == "duplicate" and n == 1:
         lens[0] = min(width, max(lens[0], ps + 1))
+    if fault == "duplicate" and decode:  # the last two requests' newest tokens at one page offset
+        lens[-1] -= (lens[-1] - lens[-2]) % ps
+        lens[-1] = lens[-1] if lens[-1] > 0 else lens[-2]
     cached = [d - 1 if decode else 0 if fault == "duplicate" else draw(st.integers(0, d - 1)) for d in lens]
     other_lens = [draw(st.integers(1, width)) for _ in others]
     pages_per_row = -(-width // ps)
@@ -185,11 +189,11 @@ def slot_cases(draw: st.DrawFn, page_sizes: tuple[int, ...]) -> SlotCase:
         pages = page_order[r * pages_per_row : (r + 1) * pages_per_row]
         table[r] = (pages[:, None] * ps + torch.arange(ps)).flatten().to(torch.int32)
     table = table[:, :width].contiguous()
-    i = draw(st.integers(0, n - 1))
+    i = n - 2 if fault == "duplicate" and decode else draw(st.integers(0, n - 1))
     row, new = rows[i], list(range(cached[i], lens[i]))
     j = draw(st.sampled_from(new))
     if fault == "duplicate":  # two new tokens, maybe of two requests, one slot: a whole page mapped twice
-        k = draw(st.integers(0, n - 1))
+        k = n - 1 if decode else draw(st.integers(0, n - 1))
         spots = [p for p in range(cached[k], lens[k]) if p % ps == j % ps and (rows[k], p // ps) != (row, j // ps)]
         if spots:
             p = draw(st.sampled_from(spots))
@@ -255,7 +259,8 @@ def slot_query(case: SlotCase, device: torch.device) -> SlotQuery:
         return torch.tensor(list(values), dtype=torch.int64, device=device)
 
     return SlotQuery(t(rows), t(cached), t(lens), t(starts), t(token_req), t(positions), t(case.others),
-                     t(case.other_lens), max(lens), max(case.other_lens, default=0))
+                     t(case.other_lens), max(lens), max(case.other_lens, default=0),
+                     one_each=all(d - c <= 1 for c, d in zip(cached, lens)))
 
 
 def check_slot_check(bench: Bench, case: SlotCase) -> None:

@@ -26,6 +26,7 @@ from oracle.ops import step as step_ops  # noqa: E402
 
 pytestmark = needs_kernel_device
 SPECIALS = ("nan", "+inf", "-inf row", "tie", "tie a tile apart")
+_SHARED_TRITON = STEP_KERNELS.factory("triton")()  # the slot test's: its flag lives across examples
 
 
 @settings(max_examples=150, deadline=None)
@@ -45,7 +46,8 @@ def test_the_triton_slot_check_is_the_torch_one(
     """Random batches over a shuffled, page-structured page table, with faults that must be refused (slots out
     of the pool, a write over cached or live KV, two tokens on one slot, a slot off its page offset), padded as a
     graph pads them (requests of device_len 0 on the dummy row): the same out_loc for every new token, the same
-    rows to read and the same verdict as engine/step/slots.py's torch reference."""
+    rows to read and the same verdict as engine/step/slots.py's torch reference. One instance checks every example,
+    as an engine's does every step: a refused decode batch must leave nothing that refuses the next."""
     rnd = random.Random(seed)
     num_pages, width = 64, 48
     limits = Limits(max_rows=8, max_seq_len=width, vocab=512, num_slots=num_pages * page_size, page_size=page_size)
@@ -99,10 +101,11 @@ def test_the_triton_slot_check_is_the_torch_one(
     query = SlotQuery(
         dev(rows[: len(reqs)]), dev([c for _, c in reqs]), dev([d for d, _ in reqs]), dev(starts), dev(token_req),
         dev(positions), dev(rows[len(reqs):]), dev(live), max(d for d, _ in reqs), max(live, default=0),
+        one_each=all(d - c <= 1 for d, c in reqs),
     )
     table = table.to(device)
     want_loc, want_rows, want = TORCH_STEP_KERNELS.slot_check(table, query, limits, pads > 0)
-    got_loc, got_rows, got = STEP_KERNELS.factory("triton")().slot_check(table, query, limits, pads > 0)
+    got_loc, got_rows, got = _SHARED_TRITON.slot_check(table, query, limits, pads > 0)
     assert bool(got) == bool(want)
     assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"

@@ -188,6 +188,22 @@ def triton_slot_count_skipped() -> Any:
         yield
 
 
+@contextlib.contextmanager
+def triton_slot_flag_kept() -> Any:
+    """The Triton slot check of a decode batch's layout never clears its flag after reading it: once one batch is
+    refused, every later one is too (state one step leaves for the next)."""
+    from engine.step import triton as triton_kernels
+
+    kernel = triton_kernels._slot_redirect_kernel
+
+    class _Launch:
+        def __getitem__(self, grid: object) -> Any:
+            return lambda *args, **kwargs: kernel[grid](*args, **{**kwargs, "RESET": False})
+
+    with swap(triton_kernels, "_slot_redirect_kernel", _Launch()):
+        yield
+
+
 def triton_rope_store_k_unrotated() -> contextlib.AbstractContextManager[None]:
     return swap(TritonKernels, "norm_rope_store", _norm_rope_store_k_unrotated)
 
