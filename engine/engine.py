@@ -184,6 +184,7 @@ class Engine:
             enabled=self.device.is_cuda
             and self.attn_backend.supports_cuda_graph
             and (self.model_config.num_experts == 0 or choices.moe.supports_cuda_graph),
+            hand_out=choices.step.hand_out,
         )
         if isinstance(self.device.stream, torch.cuda.Stream):
             modes: tuple[Mode, ...] = ("greedy", "logits", *self.sampler.graph_modes())

@@ -48,8 +48,9 @@ def decode_step(engine: Engine, specs: list[RequestSpec], next_ids: list[int], p
         for row, (s, token) in enumerate(zip(specs, next_ids))
     ]
     graphs = engine.graph_runner
-    eager = GraphRunner(engine.dummy_req, [], enabled=False)
-    padder = GraphRunner(engine.dummy_req, [pad_to], enabled=True) if pad_to else eager
+    hand_out = engine.step_kernels.hand_out
+    eager = GraphRunner(engine.dummy_req, [], enabled=False, hand_out=hand_out)
+    padder = GraphRunner(engine.dummy_req, [pad_to], enabled=True, hand_out=hand_out) if pad_to else eager
     try:
         engine.graph_runner = padder
         batch, args = engine.prepare_batch(reqs, "decode")

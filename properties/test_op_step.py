@@ -1,10 +1,11 @@
-"""Op-level properties of the decode step's kernels: the input ids (pending tokens from the rows' last tokens,
-counts each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN,
+"""Op-level properties of the decode step's kernels: the input ids (pending tokens from the rows' last tokens, counts
+each side of the kernel's blocks), a replay's hand-out (the batch's rows, logits upcast bit for bit, in tensors of
+their own, vocabularies each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN,
 +inf and all -inf rows, the rows' last tokens kept, the host payload) over vocabularies each side of the argmax
-kernel's block and split edges, and the slot checks with their redirect over page tables with one planted fault
-(a slot written twice, over cached or live KV, out of the pool, off its page), in a decode batch's layout (one new
-token each: the Triton check's two-launch path, whose flag one bench carries from example to example) and in
-others. Marker ``kernel``."""
+kernel's block and split edges, and the slot checks with their redirect over page tables with one planted fault (a
+slot written twice, over cached or live KV, out of the pool, off its page), in a decode batch's layout (one new token
+each: the Triton check's two-launch path, whose flag one bench carries from example to example) and in others. Marker
+``kernel``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ PAST_BLOCK = "input_ids: more tokens than one 1024-wide block of the kernel"
 TIE = "greedy_step: a tie at the max"
 SIXTEEN_BIT = "greedy_step: bfloat16 logits (a captured step's)"
 NOTHING = "greedy_step: a row with nothing to choose"
+PAST_VOCAB_BLOCK = "hand_out: a vocabulary past one 4096-wide block of the kernel, not a multiple of it"
+PADDED = "hand_out: padding rows left out (fewer batch rows than the graph's)"
+LOGITS_MODE = "hand_out: no tokens (a logits-mode replay)"
 REFUSED = "slot_check: a batch the rules refuse"
 ACCEPTED = "slot_check: a batch the rules accept"
 TWICE = "slot_check: a slot written twice"
@@ -53,6 +57,18 @@ def test_greedy_step(data: st.DataObject, op_bench: Bench) -> None:
     exercised(TIE, "tie" in case.kinds)
     exercised(NOTHING, bool({"nan", "posinf", "all_neginf"} & set(case.kinds)))
     step.check_greedy_step(op_bench, case)
+
+
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+@floors({PAST_VOCAB_BLOCK: 0.3, PADDED: 0.3, LOGITS_MODE: 0.2})
+def test_hand_out(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(step.hand_out_cases(), label="case")
+    vocab = case.logits.shape[1]
+    exercised(PAST_VOCAB_BLOCK, vocab > step.HAND_OUT_EDGES[0] and vocab % step.HAND_OUT_EDGES[0] != 0)
+    exercised(PADDED, case.n < case.logits.shape[0])
+    exercised(LOGITS_MODE, case.tokens is None)
+    step.check_hand_out(op_bench, case)
 
 
 @settings(max_examples=examples(4.0))

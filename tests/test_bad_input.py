@@ -42,6 +42,7 @@ from engine.driver import PageLayout, StaticDriver
 from engine.sample import Sampler
 from oracle.hf import HFOracle
 from oracle.rejection import Contract, assert_same_state, engine_state, expect
+from oracle.tolerance import logit_tolerance, logits_error
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 512  # every tiny model's vocabulary
@@ -423,7 +424,8 @@ def test_a_decode_step_reads_a_pending_token_on_the_device(contract: Contract) -
     out = engine.forward_batch(batch, args)
     out.result()
     assert int(first[0]) == int(first[1]) != 0  # a pending id read as 0 would change the logits
-    assert torch.equal(out.logits[0], out.logits[1])
+    # One input, two rows of a batch: equal up to the rows' own rounding (a CPU GEMM on 2 threads splits them apart).
+    assert logits_error(out.logits[0], out.logits[1]) <= logit_tolerance(engine.dtype).bound(out.logits[1])
 
 
 def test_a_pending_token_is_refused_once_its_row_moved_on(contract: Contract) -> None:

@@ -1,6 +1,7 @@
 """The decode step's kernels behind StepKernels, picked by name (EngineConfig.step_kernels): the input ids, the slot
-check with its redirect, and a captured step's end. 'torch' is the reference (StepKernels' methods, step/slots.py,
-sample.greedy_tokens); 'triton' (CUDA) runs each in a few launches (engine/step/triton.py)."""
+check with its redirect, a captured step's end and what a replay hands its caller. 'torch' is the reference
+(StepKernels' methods, step/slots.py, sample.greedy_tokens); 'triton' (CUDA) runs each in a few launches
+(engine/step/triton.py)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,13 @@ class StepKernels(ABC):
         tokens = greedy_tokens(logits)
         return tokens, keep_tokens(tokens, last_tokens, rows, flags)
 
+    def hand_out(
+        self, logits: torch.Tensor, tokens: torch.Tensor | None, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A replay's outputs for its caller, fresh tensors that later replays leave alone: the first n rows of the
+        logits upcast to float32, and of the tokens (None: none)."""
+        return logits[:n].to(torch.float32, copy=True), None if tokens is None else tokens[:n].clone()
+
     def declines(self, op: str, *args: object) -> str | None:
         """Why op(*args) goes to the torch reference, or None."""
         return None
@@ -72,9 +80,10 @@ class TritonStepKernels(StepKernels):
     name = "triton"
 
     def __init__(self) -> None:
-        from .triton import greedy_step, input_ids, slot_check
+        from .triton import greedy_step, hand_out, input_ids, slot_check
 
         self._input_ids, self._slot_check, self._greedy_step = input_ids, slot_check, greedy_step
+        self._hand_out = hand_out
         self._slot_flags: dict[torch.device, torch.Tensor] = {}  # each device's, zero between checks
 
     def input_ids(
@@ -99,12 +108,19 @@ class TritonStepKernels(StepKernels):
             return super().greedy_step(logits, last_tokens, rows, flags)
         return self._greedy_step(logits, last_tokens, rows, flags)
 
+    def hand_out(
+        self, logits: torch.Tensor, tokens: torch.Tensor | None, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.declines("hand_out", logits, tokens, n) is not None:
+            return super().hand_out(logits, tokens, n)
+        return self._hand_out(logits, tokens, n)
+
     def declines(self, op: str, *args: object) -> str | None:
-        if op == "greedy_step":
+        if op in ("greedy_step", "hand_out"):
             logits = args[0]
             assert isinstance(logits, torch.Tensor)
             if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16) or logits.stride(1) != 1:
-                return "the argmax kernel reads float32 or 16-bit logits with unit column stride"
+                return "the kernel reads float32 or 16-bit logits with unit column stride"
         return None
 
 

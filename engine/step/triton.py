@@ -1,6 +1,6 @@
 """Triton kernels of the decode step on CUDA: the input ids (StepKernels.input_ids states the rule), the slot checks
-and their redirect (engine/step/slots.py states the rule) and a captured step's greedy tokens (engine/sample.py's
-rule) with what the engine keeps of them."""
+and their redirect (engine/step/slots.py states the rule), a captured step's greedy tokens (engine/sample.py's
+rule) with what the engine keeps of them, and a replay's hand-out (StepKernels.hand_out) in one launch."""
 
 from __future__ import annotations
 
@@ -309,3 +309,42 @@ def greedy_step(
         S_PAD=triton.next_power_of_2(splits),
     )
     return tokens, payload
+
+
+HAND_OUT_BLOCK = 4096
+TOKENS_BLOCK = 1024
+
+
+@triton.jit
+def _hand_out_kernel(
+    logits_ptr, stride_row, out_ptr, vocab, tokens_ptr, tokens_out_ptr, n, TOKENS: tl.constexpr,
+    BLOCK: tl.constexpr, T_BLOCK: tl.constexpr,
+):
+    """Row r, a block of the vocabulary: the logits upcast; program (0, 0) copies the tokens too."""
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < vocab
+    x = tl.load(logits_ptr + r.to(tl.int64) * stride_row + c, mask=ok)
+    if logits_ptr.dtype.element_ty == tl.bfloat16:  # by its bits: exact for subnormals whatever flushes them
+        x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    tl.store(out_ptr + r.to(tl.int64) * vocab + c, x.to(tl.float32), mask=ok)
+    if TOKENS:
+        start = tl.where((r == 0) & (tl.program_id(1) == 0), 0, n)  # program (0, 0) alone
+        while start < n:
+            t = start + tl.arange(0, T_BLOCK)
+            tl.store(tokens_out_ptr + t, tl.load(tokens_ptr + t, mask=t < n), mask=t < n)
+            start += T_BLOCK
+
+
+def hand_out(logits: torch.Tensor, tokens: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """StepKernels.hand_out in one launch."""
+    vocab = logits.shape[1]
+    out = torch.empty(n, vocab, dtype=torch.float32, device=logits.device)
+    tokens_out = None if tokens is None else torch.empty(n, dtype=tokens.dtype, device=tokens.device)
+    if n:
+        _hand_out_kernel[(n, triton.cdiv(vocab, HAND_OUT_BLOCK))](
+            logits, logits.stride(0), out, vocab, out if tokens is None else tokens,
+            out if tokens_out is None else tokens_out, n, TOKENS=tokens is not None, BLOCK=HAND_OUT_BLOCK,
+            T_BLOCK=TOKENS_BLOCK,
+        )
+    return out, tokens_out

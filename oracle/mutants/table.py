@@ -439,6 +439,15 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "triton_hand_out_tail_dropped",
+            "the Triton hand-out's grid rounds the vocabulary down to whole blocks: each row's tail is never copied",
+            "tile-tail bugs: a grid of n // BLOCK for cdiv(n, BLOCK) (llama.cpp's test-backend-ops sizes each side of "
+            "a block for these)",
+            kernels.triton_hand_out_tail_dropped,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "triton_slot_flag_kept",
             "the Triton slot check of a decode batch never clears its flag: after one refused step, every step is",
             "state a step leaves for the next: a verdict or counter reused across launches without its reset",

@@ -1,6 +1,7 @@
 """Op-level checks of the decode step's kernels (StepKernels): the input ids, the greedy step (argmax, the rows' last
-tokens, the host payload) and the slot checks with their redirect. Every contract is exact: integers, compared
-bitwise with the harness's own statement of the rules (not the engine's torch reference, so a bug there shows too)."""
+tokens, the host payload), a replay's hand-out and the slot checks with their redirect. Every contract is exact:
+integers, compared bitwise with the harness's own statement of the rules (not the engine's torch reference, so a bug
+there shows too)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,60 @@ def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
     assert_bitwise("greedy_step", call, "last_tokens (kept tokens; other rows untouched)", last.view, want_last)
     assert_bitwise("greedy_step", call, "payload (tokens, verdict, last tokens before)", payload, want_payload)
     assert_untouched("greedy_step", [logits, rows, flags], outputs=(last,))
+
+
+# ---- a replay's hand-out -----------------------------------------------------------------------------------------
+
+HAND_OUT_EDGES = (4096, 8192)  # the Triton kernel's blocks of the vocabulary
+SPECIAL_VALUES = (float("nan"), float("inf"), float("-inf"), 1e-40)
+
+
+@dataclass(frozen=True)
+class HandOutCase:
+    logits: torch.Tensor  # [rows, vocab]: a captured step's, the model's dtype (float32 on a float32 engine)
+    tokens: torch.Tensor | None  # int32 [rows], -1 where nothing was sampled; None in logits mode
+    n: int  # the batch's rows; the rest pad it to the graph's size
+    gap: int
+
+
+@st.composite
+def hand_out_cases(draw: st.DrawFn) -> HandOutCase:
+    rows = draw(edge_sizes((8,), 1, 9))
+    vocab = draw(edge_sizes(HAND_OUT_EDGES, 1, 20000, extra=(151936,)))
+    dtype = draw(st.sampled_from((torch.bfloat16, torch.bfloat16, torch.float16, torch.float32)))
+    seed = draw(seeds)
+    logits = random_tensor((rows, vocab), torch.float32, draw(st.sampled_from((1.0, 30.0, 1e30))), seed)
+    gen = torch.Generator().manual_seed(seed)
+    spots = torch.randint(rows * vocab, (draw(st.integers(0, 4)),), generator=gen)
+    logits.view(-1)[spots] = torch.tensor([SPECIAL_VALUES[int(i) % 4] for i in range(len(spots))])
+    tokens = None
+    if draw(st.booleans()):
+        tokens = torch.randint(-1, vocab, (rows,), generator=gen, dtype=torch.int32)
+    return HandOutCase(logits.to(dtype), tokens, draw(st.integers(1, rows)), draw(gaps))
+
+
+def check_hand_out(bench: Bench, case: HandOutCase) -> None:
+    """The first n rows, the logits upcast exactly (float32 holds every 16-bit value), in tensors of their own."""
+    dev = bench.device
+    logits = guarded("logits", case.logits.to(dev), case.gap)
+    tokens = None if case.tokens is None else guarded("tokens", case.tokens.to(dev))
+    views = {"logits": logits.view} | ({} if tokens is None else {"tokens": tokens.view})
+    call = describe(views, n=case.n)
+    out = bench.run_step_kernel("hand_out", "hand_out", logits.view, None if tokens is None else tokens.view, case.n)
+    assert isinstance(out, tuple)
+    got_logits, got_tokens = out
+    assert_bitwise("hand_out", call, "logits (the batch's rows, float32)", got_logits, case.logits[: case.n].float())
+    if case.tokens is None:
+        assert got_tokens is None, f"op hand_out at {call}: tokens came back without tokens to hand out"
+    else:
+        assert_bitwise("hand_out", call, "tokens (the batch's rows)", got_tokens, case.tokens[: case.n])
+    inputs = [logits] if tokens is None else [logits, tokens]
+    shared = {g.buffer.untyped_storage().data_ptr() for g in inputs}
+    for name, t in (("logits", got_logits), ("tokens", got_tokens)):
+        assert t is None or t.untyped_storage().data_ptr() not in shared, (
+            f"op hand_out at {call}: the {name} handed out share the graph's buffer (the next replay overwrites them)"
+        )
+    assert_untouched("hand_out", inputs)
 
 
 # ---- slot checks -------------------------------------------------------------------------------------------------

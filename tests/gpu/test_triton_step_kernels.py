@@ -1,5 +1,5 @@
 """The Triton step kernels (engine/step/triton.py, engine/attention/page_ids.py) against their torch statements:
-the input ids, the slot check, the greedy step and the graph's page ids, bit for bit.
+the input ids, the slot check, the greedy step, the hand-out and the graph's page ids, bit for bit.
 
 On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs them in Triton's interpreter, and
 tools/sm90_compile.py compiles their launches.
@@ -109,6 +109,21 @@ def test_the_triton_slot_check_is_the_torch_one(
     assert bool(got) == bool(want)
     assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=step_ops.hand_out_cases())
+def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
+    """A replay's hand-out, vocabularies each side of the kernel's blocks, padding rows, with and without tokens: the
+    same float32 rows and tokens as StepKernels' torch statement, bit for bit (NaN for NaN)."""
+    logits = case.logits.to(DEVICE)
+    tokens = None if case.tokens is None else case.tokens.to(DEVICE)
+    want_logits, want_tokens = TORCH_STEP_KERNELS.hand_out(logits, tokens, case.n)
+    got_logits, got_tokens = STEP_KERNELS.factory("triton")().hand_out(logits, tokens, case.n)
+    assert got_logits.dtype == torch.float32 and got_logits.shape == want_logits.shape
+    assert torch.equal(got_logits.nan_to_num(7.0), want_logits.nan_to_num(7.0))
+    assert (got_tokens is None) == (want_tokens is None)
+    assert got_tokens is None or torch.equal(got_tokens, want_tokens)
 
 
 @settings(max_examples=60, deadline=None)

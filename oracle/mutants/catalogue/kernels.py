@@ -189,6 +189,26 @@ def triton_slot_count_skipped() -> Any:
 
 
 @contextlib.contextmanager
+def triton_hand_out_tail_dropped() -> Any:
+    """The hand-out's grid takes the vocabulary's whole blocks (floor division for ceil): each row's tail past its last
+    full block, and a vocabulary under one block entirely, is handed out as allocated."""
+    from engine.step import triton as triton_kernels
+
+    kernel = triton_kernels._hand_out_kernel
+
+    class _Launch:
+        def __getitem__(self, grid: tuple[int, int]) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                whole = args[3] // kwargs["BLOCK"]  # args[3]: the vocabulary
+                return kernel[(grid[0], whole)](*args, **kwargs) if whole else None
+
+            return launch
+
+    with swap(triton_kernels, "_hand_out_kernel", _Launch()):
+        yield
+
+
+@contextlib.contextmanager
 def triton_slot_flag_kept() -> Any:
     """The Triton slot check of a decode batch's layout never clears its flag after reading it: once one batch is
     refused, every later one is too (state one step leaves for the next)."""
