@@ -98,17 +98,21 @@ def _slot_count_kernel(
 @triton.jit
 def _slot_one_each_kernel(
     table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, others_ptr, other_lens_ptr, n_batch, flag_ptr, out_ptr,
-    num_slots, PS: tl.constexpr, BLOCK: tl.constexpr, W_BLOCK: tl.constexpr,
+    num_slots, PS: tl.constexpr, BLOCK: tl.constexpr, N_PAD: tl.constexpr,
 ):
-    """SlotQuery.one_each: row i (batch rows, then live rows), a block of columns, the rule checked against the
-    batch's written slots, gathered here (no hits array to clear): a cached slot that one is written to, or a written
-    slot another request writes too, flags the batch."""
+    """SlotQuery.one_each, up to N_PAD requests: row i (batch rows, then live rows), a block of columns, the rule
+    checked against the batch's written slots, gathered here (no hits array to clear): a cached slot that one is
+    written to, or a written slot another request writes too, flags the batch."""
     i = tl.program_id(0)
     first_col = tl.program_id(1) * BLOCK
     batch = i < n_batch
     other = tl.maximum(i - n_batch, 0)
-    k = tl.arange(0, W_BLOCK)
-    k_data = _written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr)  # loaded beside the row's own
+    # Every request's newest token, loaded beside the row's own: its row, position and whether it writes one.
+    k = tl.arange(0, N_PAD)
+    k_valid = k < n_batch
+    k_cached = tl.load(cached_ptr + k, mask=k_valid, other=0)
+    k_writes = k_valid & (tl.load(len_ptr + k, mask=k_valid, other=0) > k_cached)
+    k_row = tl.load(rows_ptr + k, mask=k_valid, other=0)
     if batch:
         row = tl.load(rows_ptr + i)
         length = tl.load(len_ptr + i)
@@ -121,7 +125,8 @@ def _slot_one_each_kernel(
         j = first_col + tl.arange(0, BLOCK)
         used = j < length
         slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
-        k_slot = _written_slots(k_data, table_ptr, stride_row)
+        # -1 where a request writes nothing: no slot in the pool equals it.
+        k_slot = tl.load(table_ptr + k_row * stride_row + k_cached, mask=k_writes, other=-1)
         in_pool = (slot >= 0) & (slot < num_slots)
         bad = used & ~in_pool
         if PS > 1:
@@ -131,35 +136,11 @@ def _slot_one_each_kernel(
         held = used & in_pool & (j < cached)
         written = used & in_pool & (j >= cached) & batch
         tl.store(out_ptr + i + j - cached, slot, mask=used & (j >= cached) & batch)
-        clash = tl.zeros([BLOCK], tl.int32)
-        k0 = 0
-        while k0 < n_batch:  # not `for ... in range`: the interpreter takes no tensor bounds (numpy 2.4)
-            same = slot[:, None] == k_slot[None, :]  # k_slot is -1 where k writes nothing
-            twice = written[:, None] & (k[None, :] != i)
-            clash = tl.maximum(clash, tl.max((same & (held[:, None] | twice)).to(tl.int32), axis=1))
-            k0 += W_BLOCK
-            k = k0 + tl.arange(0, W_BLOCK)
-            k_slot = _written_slots(_written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr), table_ptr,
-                                    stride_row)
-        verdict = tl.maximum(tl.max(bad.to(tl.int32), axis=0), tl.max(clash, axis=0))
+        same = slot[:, None] == k_slot[None, :]
+        clash = same & (held[:, None] | (written[:, None] & (k[None, :] != i)))
+        verdict = tl.maximum(tl.max(bad.to(tl.int32), axis=0), tl.max(tl.max(clash.to(tl.int32), axis=1), axis=0))
         if verdict > 0:
             tl.atomic_max(flag_ptr, verdict)
-
-
-@triton.jit
-def _written_requests(k, n_batch, rows_ptr, cached_ptr, len_ptr):
-    """Requests k's rows and new tokens' positions, and whether each writes one (padding does not)."""
-    valid = k < n_batch
-    k_cached = tl.load(cached_ptr + k, mask=valid, other=0)
-    writes = valid & (tl.load(len_ptr + k, mask=valid, other=0) > k_cached)
-    return tl.load(rows_ptr + k, mask=valid, other=0), k_cached, writes
-
-
-@triton.jit
-def _written_slots(k_data, table_ptr, stride_row):
-    """The slots _written_requests' tokens are written to; -1 where none is, which no slot in the pool equals."""
-    k_row, k_cached, writes = k_data
-    return tl.load(table_ptr + k_row * stride_row + k_cached, mask=writes, other=-1)
 
 
 @triton.jit
@@ -190,7 +171,7 @@ def _slot_redirect_kernel(
         tl.store(flag_ptr, 0)
 
 
-ONE_EACH_MAX = 512  # past this many requests, comparing every slot with every written one costs more than the hits
+ONE_EACH_MAX = 32  # every slot against every written one: past this, slower than the hits (RESULTS.md, 16th part)
 
 
 def slot_check(
@@ -210,7 +191,7 @@ def slot_check(
     if one_each:
         _slot_one_each_kernel[(n + m, blocks)](
             page_table, stride, q.rows, q.cached, q.device_len, q.others, q.other_lens, n, flag, out_loc, num_slots,
-            PS=page_size, BLOCK=SLOT_BLOCK, W_BLOCK=32,
+            PS=page_size, BLOCK=SLOT_BLOCK, N_PAD=ONE_EACH_MAX,
         )
     else:
         zeroed = torch.zeros(num_slots + 2, dtype=torch.int32, device=device)  # one fill: the hits, then the flag
