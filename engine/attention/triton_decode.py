@@ -214,13 +214,13 @@ def paged_decode(
     table_rows: torch.Tensor, seq_lens: torch.Tensor, scale: float, num_splits: int,
     arrivals: torch.Tensor | None = None, new: NewTokens | None = None, early: bool = False, len_offset: int = 0,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] slots of row table_rows[i] → [bs, Hq, D].
-    arrivals: int32 zeros, at least bs * Hkv, that the split merge counts on and leaves zero (None: made here).
-    new: q and each request's newest k (at seq_lens - 1) unnormed and unrotated, stored here (fuses_new_tokens).
-    early: every row's tokens but its newest were stored before the step's layers ran (a decode batch, one new token
-    per request; not a query of a prefill chunk, whose chunk-mates this layer stores), so the kernel reads them before
-    its PDL wait, while the kernel before it runs. len_offset: added to seq_lens in the kernel (1: the newest tokens'
-    positions stand for the lengths, with no add kernel before)."""
+    """softmax(q k^T * scale) v, q [bs, Hq, D], over the first seq_lens[i] + len_offset slots of row table_rows[i] →
+    [bs, Hq, D]. len_offset is added in the kernel (1: the newest tokens' positions stand for the lengths, with no add
+    kernel before). arrivals: int32 zeros, at least bs * Hkv, that the split merge counts on and leaves zero (None:
+    made here). new: q and each request's newest k (the last of its slots) unnormed and unrotated, stored here
+    (fuses_new_tokens). early: every row's tokens but its newest were stored before the step's layers ran (a decode
+    batch, one new token per request; not a query of a prefill chunk, whose chunk-mates this layer stores), so the
+    kernel reads them before its PDL wait, while the kernel before it runs."""
     bs, num_q_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
     assert num_q_heads % num_kv_heads == 0 and num_splits >= 1

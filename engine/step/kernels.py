@@ -121,6 +121,10 @@ class TritonStepKernels(StepKernels):
             assert isinstance(logits, torch.Tensor)
             if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16) or logits.stride(1) != 1:
                 return "the kernel reads float32 or 16-bit logits with unit column stride"
+        if op == "hand_out":
+            tokens = args[1]
+            if isinstance(tokens, torch.Tensor) and tokens.stride(0) != 1:
+                return "the hand-out kernel reads contiguous tokens"
         return None
 
 

@@ -449,7 +449,8 @@ MUTANTS: dict[str, Mutant] = {
         ),
         Mutant(
             "triton_slot_flag_kept",
-            "the Triton slot check of a decode batch never clears its flag: after one refused step, every step is",
+            "the Triton slot check of a decode batch never clears its flag: after one refused decode step of up to "
+            "32 requests, every such step is refused",
             "state a step leaves for the next: a verdict or counter reused across launches without its reset",
             kernels.triton_slot_flag_kept,
             device="cuda",

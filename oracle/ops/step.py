@@ -156,6 +156,7 @@ class HandOutCase:
     tokens: torch.Tensor | None  # int32 [rows], -1 where nothing was sampled; None in logits mode
     n: int  # the batch's rows; the rest pad it to the graph's size
     gap: int
+    tokens_gap: int  # a sampler plugin's tokens may be a strided view
 
 
 @st.composite
@@ -171,14 +172,15 @@ def hand_out_cases(draw: st.DrawFn) -> HandOutCase:
     tokens = None
     if draw(st.booleans()):
         tokens = torch.randint(-1, vocab, (rows,), generator=gen, dtype=torch.int32)
-    return HandOutCase(logits.to(dtype), tokens, draw(st.integers(1, rows)), draw(gaps))
+    return HandOutCase(logits.to(dtype), tokens, draw(st.integers(1, rows)), draw(gaps),
+                       draw(st.sampled_from((0, 0, 0, 2))))
 
 
 def check_hand_out(bench: Bench, case: HandOutCase) -> None:
     """The first n rows, the logits upcast exactly (float32 holds every 16-bit value), in tensors of their own."""
     dev = bench.device
     logits = guarded("logits", case.logits.to(dev), case.gap)
-    tokens = None if case.tokens is None else guarded("tokens", case.tokens.to(dev))
+    tokens = None if case.tokens is None else guarded("tokens", case.tokens.to(dev), case.tokens_gap)
     views = {"logits": logits.view} | ({} if tokens is None else {"tokens": tokens.view})
     call = describe(views, n=case.n)
     out = bench.run_step_kernel("hand_out", "hand_out", logits.view, None if tokens is None else tokens.view, case.n)

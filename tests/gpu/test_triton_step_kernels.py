@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 from engine.step.kernels import STEP_KERNELS, TORCH_STEP_KERNELS  # noqa: E402
 from engine.step.slots import SlotQuery  # noqa: E402
-from engine.step.triton import ARGMAX_BLOCK  # noqa: E402
+from engine.step.triton import ARGMAX_BLOCK, ONE_EACH_MAX  # noqa: E402
 from engine.validate import Limits  # noqa: E402
 from oracle.ops import step as step_ops  # noqa: E402
 
@@ -111,13 +111,43 @@ def test_the_triton_slot_check_is_the_torch_one(
     assert (got_loc[len(got_loc) - pads :] == limits.num_slots).all(), "padding writes the dummy page"
 
 
+@pytest.mark.parametrize("clash", ["none", "last two write one slot", "last writes over the first's KV"])
+@pytest.mark.parametrize("n", [ONE_EACH_MAX - 1, ONE_EACH_MAX, ONE_EACH_MAX + 1])
+def test_the_decode_check_sees_every_request_up_to_its_cap(n: int, clash: str) -> None:
+    """Decode batches each side of ONE_EACH_MAX requests (two launches up to it, the hits past it), the fault at the
+    batch's far end: refused as the torch rule has it, and a clean batch passes."""
+    width, limits = 8, Limits(max_rows=n, max_seq_len=8, vocab=512, num_slots=(n + 1) * 8, page_size=1)
+    table = (torch.arange(n + 1)[:, None] * width + torch.arange(width)).to(torch.int32)
+    lens = [5 + r % 3 for r in range(n)]
+    if clash == "last two write one slot":
+        table[n - 1, lens[-1] - 1] = table[n - 2, lens[-2] - 1]
+    elif clash != "none":
+        table[n - 1, lens[-1] - 1] = table[0, 0]
+    table = table.to(DEVICE)
+
+    def dev(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=DEVICE)
+
+    cached = [d - 1 for d in lens]
+    query = SlotQuery(dev(list(range(n))), dev(cached), dev(lens), dev(list(range(n))), dev(list(range(n))),
+                      dev(cached), dev([]), dev([]), max(lens), 0, one_each=True)
+    want_loc, want_rows, want = TORCH_STEP_KERNELS.slot_check(table, query, limits, False)
+    got_loc, got_rows, got = _SHARED_TRITON.slot_check(table, query, limits, False)
+    assert bool(got) == bool(want) == (clash != "none")
+    assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=step_ops.hand_out_cases())
 def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
-    """A replay's hand-out, vocabularies each side of the kernel's blocks, padding rows, with and without tokens: the
-    same float32 rows and tokens as StepKernels' torch statement, bit for bit (NaN for NaN)."""
+    """A replay's hand-out, vocabularies each side of the kernel's blocks, padding rows, with and without tokens
+    (contiguous or strided): the same float32 rows and tokens as StepKernels' torch statement, bit for bit (NaN for
+    NaN)."""
     logits = case.logits.to(DEVICE)
-    tokens = None if case.tokens is None else case.tokens.to(DEVICE)
+    tokens = None
+    if case.tokens is not None:  # strided as a sampler plugin's view may be
+        tokens = case.tokens.new_zeros(len(case.tokens) * (1 + case.tokens_gap)).to(DEVICE)[:: 1 + case.tokens_gap]
+        tokens.copy_(case.tokens)
     want_logits, want_tokens = TORCH_STEP_KERNELS.hand_out(logits, tokens, case.n)
     got_logits, got_tokens = STEP_KERNELS.factory("triton")().hand_out(logits, tokens, case.n)
     assert got_logits.dtype == torch.float32 and got_logits.shape == want_logits.shape

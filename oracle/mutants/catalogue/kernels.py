@@ -210,8 +210,8 @@ def triton_hand_out_tail_dropped() -> Any:
 
 @contextlib.contextmanager
 def triton_slot_flag_kept() -> Any:
-    """The Triton slot check of a decode batch's layout never clears its flag after reading it: once one batch is
-    refused, every later one is too (state one step leaves for the next)."""
+    """The Triton slot check of a decode batch's layout never clears its flag after reading it: once one such batch
+    is refused, every later one is too (state one step leaves for the next)."""
     from engine.step import triton as triton_kernels
 
     kernel = triton_kernels._slot_redirect_kernel
