@@ -49,6 +49,34 @@ def input_ids(
 
 
 @triton.jit
+def _checked_row(i, n_batch, rows_ptr, cached_ptr, len_ptr, others_ptr, other_lens_ptr):
+    """Row i of a slot check's grid (the batch's rows, then the live rows): its page-table row, length and cached
+    length."""
+    if i < n_batch:
+        row = tl.load(rows_ptr + i)
+        length = tl.load(len_ptr + i)
+        cached = tl.load(cached_ptr + i)
+    else:  # a live row's slots all count as cached
+        row = tl.load(others_ptr + tl.maximum(i - n_batch, 0))
+        length = tl.load(other_lens_ptr + tl.maximum(i - n_batch, 0))
+        cached = length
+    return row, length, cached
+
+
+@triton.jit
+def _read_slots(table_ptr, stride_row, row, j, used, num_slots, PS: tl.constexpr):
+    """The row's slots at columns j (where used), whether each lies in the pool, and whether each breaks the read
+    rule (outside the pool or, with pages, off its position's offset of its block's page)."""
+    slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
+    in_pool = (slot >= 0) & (slot < num_slots)
+    bad = used & ~in_pool
+    if PS > 1:
+        first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
+        bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
+    return slot, in_pool, bad
+
+
+@triton.jit
 def _slot_mark_kernel(
     table_ptr, stride_row, rows_ptr, cached_ptr, len_ptr, starts_ptr, others_ptr, other_lens_ptr, n_batch, hits_ptr,
     flag_ptr, out_ptr, num_slots, PS: tl.constexpr, BLOCK: tl.constexpr,
@@ -57,22 +85,9 @@ def _slot_mark_kernel(
     i = tl.program_id(0)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     batch = i < n_batch
-    other = tl.maximum(i - n_batch, 0)
-    if batch:
-        row = tl.load(rows_ptr + i)
-        length = tl.load(len_ptr + i)
-        cached = tl.load(cached_ptr + i)
-    else:  # a live row's slots all count as cached
-        row = tl.load(others_ptr + other)
-        length = tl.load(other_lens_ptr + other)
-        cached = length
+    row, length, cached = _checked_row(i, n_batch, rows_ptr, cached_ptr, len_ptr, others_ptr, other_lens_ptr)
     used = j < length
-    slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
-    in_pool = (slot >= 0) & (slot < num_slots)
-    bad = used & ~in_pool
-    if PS > 1:
-        first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
-        bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
+    slot, in_pool, bad = _read_slots(table_ptr, stride_row, row, j, used, num_slots, PS)
     tl.atomic_max(flag_ptr, tl.max((bad & batch).to(tl.int32), axis=0))
     tl.store(hits_ptr + slot, 2, mask=used & in_pool & (j < cached))
     written = used & (j >= cached) & batch
@@ -106,32 +121,19 @@ def _slot_one_each_kernel(
     i = tl.program_id(0)
     first_col = tl.program_id(1) * BLOCK
     batch = i < n_batch
-    other = tl.maximum(i - n_batch, 0)
     # Every request's newest token, loaded beside the row's own: its row, position and whether it writes one.
     k = tl.arange(0, N_PAD)
     k_valid = k < n_batch
     k_cached = tl.load(cached_ptr + k, mask=k_valid, other=0)
     k_writes = k_valid & (tl.load(len_ptr + k, mask=k_valid, other=0) > k_cached)
     k_row = tl.load(rows_ptr + k, mask=k_valid, other=0)
-    if batch:
-        row = tl.load(rows_ptr + i)
-        length = tl.load(len_ptr + i)
-        cached = tl.load(cached_ptr + i)
-    else:  # a live row's slots all count as cached
-        row = tl.load(others_ptr + other)
-        length = tl.load(other_lens_ptr + other)
-        cached = length
+    row, length, cached = _checked_row(i, n_batch, rows_ptr, cached_ptr, len_ptr, others_ptr, other_lens_ptr)
     if first_col < length:
         j = first_col + tl.arange(0, BLOCK)
         used = j < length
-        slot = tl.load(table_ptr + row * stride_row + j, mask=used, other=0)
+        slot, in_pool, bad = _read_slots(table_ptr, stride_row, row, j, used, num_slots, PS)
         # -1 where a request writes nothing: no slot in the pool equals it.
         k_slot = tl.load(table_ptr + k_row * stride_row + k_cached, mask=k_writes, other=-1)
-        in_pool = (slot >= 0) & (slot < num_slots)
-        bad = used & ~in_pool
-        if PS > 1:
-            first = tl.load(table_ptr + row * stride_row + (j // PS) * PS, mask=used, other=0)
-            bad = bad | (used & ((slot % PS != j % PS) | (slot // PS != first // PS)))
         bad = bad & batch
         held = used & in_pool & (j < cached)
         written = used & in_pool & (j >= cached) & batch
