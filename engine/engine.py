@@ -30,7 +30,7 @@ from .moe import MOE_BACKENDS
 from .registry import Where
 from .sample import SAMPLERS, BatchSamplingArgs, no_draws
 from .step.inputs import BatchInputs, pack_inputs, unpack_inputs
-from .step.kernels import STEP_KERNELS, StepKernels, keep_tokens
+from .step.kernels import STEP_KERNELS, StepKernels
 from .step.layout import InputLayout
 from .step.record import ForwardOutput, StepRecord
 from .validate import Limits, check_ends, check_fresh, check_memory, validate_batch
@@ -300,7 +300,7 @@ class Engine:
             tokens, payload = self.step_kernels.greedy_step(logits, self.last_tokens, inputs.rows, inputs.flags)
         else:
             tokens = self.sampler.graph_draw(logits.float(), mode, inputs.device_lens)
-            payload = keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
+            payload = self.step_kernels.keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
 
     def _graph_mode(self, batch: Batch, args: BatchSamplingArgs) -> Mode | None:
@@ -345,7 +345,8 @@ class Engine:
                     next_tokens, payload = step.tokens[:n], step.payload
                 else:
                     next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                    payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
+                    payload = self.step_kernels.keep_tokens(
+                        next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             else:
                 if batch.packed_inputs is not None:  # packed for a graph this engine lacks: run eagerly
                     host, layout = batch.packed_inputs
@@ -354,7 +355,8 @@ class Engine:
                 with self.ctx.forward_batch(batch):
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n].float()
                 next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                payload = keep_tokens(next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
+                payload = self.step_kernels.keep_tokens(
+                    next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
             if self.device.is_cuda:
                 host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
                 host.copy_(payload, non_blocking=True)

@@ -44,6 +44,8 @@ class BatchSamplingArgs:
     # uint8: the parameter block (engine/sample_graph.py) that graph_mode's captured step loads; the row tensors view it
     graph_params: torch.Tensor | None = None
     keys_exact: bool = True  # every sampled row's temperature under KEYS_EXACT_BELOW: top-p may count 16-bit logits
+    # (top_k int32, top_p float32 or sample_graph.TOP_P_OFF): FlashInfer's thresholds as the block holds them, or None
+    flashinfer_thresholds: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class BaseSampler(ABC):
         args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k if got.top_k_max else None,
                                  got.top_k_max, rows.top_p if got.use_p else None,
                                  rows.min_p if got.use_min_p else None, row_seeds, positions, uids, got.greedy,
-                                 keys_exact=got.keys_exact)
+                                 keys_exact=got.keys_exact, flashinfer_thresholds=(rows.top_k_int, rows.top_p_cut))
         if batch.packed_inputs is not None:
             args.graph_mode = self._graph_mode(args)
             args.graph_params = got.block if args.graph_mode is not None else None
@@ -203,7 +205,8 @@ class BaseSampler(ABC):
         rows = sample_graph.unpack(self._graph_params.block(logits.shape[0]))
         min_p = None if mode in self.graph_modes_without_min_p else rows.min_p
         args = BatchSamplingArgs(False, rows.greedy, rows.temperature, rows.top_k, self.vocab_size, rows.top_p,
-                                 min_p, [None] * logits.shape[0])
+                                 min_p, [None] * logits.shape[0],
+                                 flashinfer_thresholds=(rows.top_k_int, rows.top_p_cut))
         return self._tokens(logits, args, self._graph_draw_fn(mode, rows.seeds, positions))
 
     def _graph_draw_fn(self, mode: str, seeds: torch.Tensor, positions: torch.Tensor) -> DrawFn | None:
@@ -352,14 +355,7 @@ class Sampler(BaseSampler):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(probs, top_k, top_p) for FlashInfer's kernels; top_k is None where it is applied already: min-p reads the
         distribution after top-k."""
-        bs = probs.shape[0]
-        # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
-        top_k = (torch.full((bs,), self.vocab_size, dtype=torch.int32, device=probs.device) if args.top_k is None
-                 else args.top_k.to(torch.int32))
-        # top_p = 1 can still reject a tail token in fp32: "off" rows get a threshold no mass reaches.
-        top_p = torch.full((bs,), 2.0, device=probs.device)
-        if args.top_p is not None:
-            top_p = torch.where(args.top_p < 1.0, args.top_p.float(), top_p)
+        top_k, top_p = args.flashinfer_thresholds or flashinfer_thresholds(args, probs.shape[0], self.vocab_size)
         if args.min_p is None:
             return probs, top_k, top_p
         probs = self._fi.top_k_renorm_probs(probs, top_k)
@@ -399,6 +395,18 @@ class Sampler(BaseSampler):
         if args.min_p is not None:
             scores = self._row_passes.min_p_mask(scores, args.min_p)
         return self._row_passes.softmax(scores)
+
+
+def flashinfer_thresholds(args: BatchSamplingArgs, bs: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a parameter block holds as flashinfer_thresholds, made from args' rows (args built without a block)."""
+    device = args.greedy.device
+    # An int32 tensor, never an int: a scalar top_k selects a radix top-k module with a very long JIT build.
+    top_k = (torch.full((bs,), vocab, dtype=torch.int32, device=device) if args.top_k is None
+             else args.top_k.to(torch.int32))
+    top_p = torch.full((bs,), sample_graph.TOP_P_OFF, device=device)
+    if args.top_p is not None:
+        top_p = torch.where(args.top_p < 1.0, args.top_p.float(), top_p)
+    return top_k, top_p
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The parameter block of a sampled batch: one uint8 tensor packed on the host and uploaded once per run of the same
-params, whose segments (top-k, top-p, request seeds, temperature, min-p, greedy, each [padded bs] of its own dtype) are
-read as views, so the batch's per-row tensors and the captured step's parameters cost no kernel; for a graph batch it
-is copied into the static buffer of its size before the replay (unless already there), padding rows greedy."""
+params, whose segments (top-k, top-p, request seeds, temperature, min-p, top-p and top-k as FlashInfer's kernels take
+them, greedy, each [padded bs] of its own dtype) are read as views, so the batch's per-row tensors and the captured
+step's parameters cost no kernel; for a graph batch it is copied into the static buffer of its size before the replay
+(unless already there), padding rows greedy."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from .core import SamplingParams
 from .device import host_tensor, upload
 
 # Widest dtype first, so every segment starts aligned to its element size.
-_DTYPES = (torch.int64, torch.float64, torch.int64, torch.float32, torch.float32, torch.bool)
+_DTYPES = (
+    torch.int64, torch.float64, torch.int64, torch.float32, torch.float32, torch.float32, torch.int32, torch.bool
+)
+TOP_P_OFF = 2.0  # FlashInfer's top-p threshold on rows without top-p: top_p = 1 can still reject a tail token in fp32
 ROW_BYTES = sum(dtype.itemsize for dtype in _DTYPES)
 
 
@@ -26,6 +30,8 @@ class Rows(NamedTuple):
     seeds: torch.Tensor  # int64
     temperature: torch.Tensor  # float32; 1.0 on greedy rows
     min_p: torch.Tensor  # float32
+    top_p_cut: torch.Tensor  # float32: top_p rounded once, TOP_P_OFF on rows without top-p (FlashInfer's threshold)
+    top_k_int: torch.Tensor  # int32: top_k (FlashInfer's kernels take int32)
     greedy: torch.Tensor  # bool
 
 
@@ -37,6 +43,8 @@ def pack(params: Sequence[SamplingParams], pad: int, vocab: int) -> torch.Tensor
         [p.seed or 0 for p in params] + [0] * pad,
         [1.0 if p.is_greedy else p.temperature for p in params] + [1.0] * pad,
         [p.min_p for p in params] + [0.0] * pad,
+        [p.top_p if p.top_p < 1.0 else TOP_P_OFF for p in params] + [TOP_P_OFF] * pad,
+        [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
         [p.is_greedy for p in params] + [True] * pad,
     )
     return torch.cat([host_tensor(column, dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])

@@ -20,15 +20,16 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 def tempered_softmax(
     logits: torch.Tensor, temperature: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(softmax(logits / temperature), each row's first argmax of logits / temperature, whether a row has a token to
-    sample: a finite max and no NaN); a row without one gets a one-hot at token 0, so no later kernel sees NaN. Greedy
-    rows have temperature 1, so theirs is the logits' own argmax."""
+    """(softmax(logits / temperature), each row's first argmax of logits / temperature (int32, as sampled tokens
+    are, so picking between them costs no cast), whether a row has a token to sample: a finite max and no NaN); a
+    row without one gets a one-hot at token 0, so no later kernel sees NaN. Greedy rows have temperature 1, so
+    theirs is the logits' own argmax."""
     scores = logits / temperature.unsqueeze(1)
     top, argmax = scores.max(dim=-1)  # max(dim) propagates NaN and gives the first index of the max
     finite = top.abs() < float("inf")
     one_hot = torch.zeros_like(scores[:1])
     one_hot[:, 0].fill_(1.0)  # a fill, not an item assignment: that would copy from the host and wait
-    return torch.where(finite.unsqueeze(1), scores.softmax(dim=-1), one_hot), argmax, finite
+    return torch.where(finite.unsqueeze(1), scores.softmax(dim=-1), one_hot), argmax.to(torch.int32), finite
 
 
 def min_p_renorm(probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,7 +147,8 @@ def _tempered_softmax_kernel(x_ptr, t_ptr, out_ptr, max_ptr, sum_ptr, arg_ptr, n
     tl.store(out_ptr + row * out_stride + cols, p, mask=cols < n)
     if c == 0:  # the first chunk holding the row's max has its first index
         first = tl.min(tl.where(ok & (m == top), k, C_PAD), axis=0)
-        tl.store(argmax_ptr + row, tl.load(arg_ptr + row * chunks + first, mask=first < chunks, other=0))
+        arg = tl.load(arg_ptr + row * chunks + first, mask=first < chunks, other=0)
+        tl.store(argmax_ptr + row, arg.to(tl.int32))
         tl.store(finite_ptr + row, finite)
 
 
@@ -228,7 +229,7 @@ def tempered_softmax(
     args = torch.empty(grid, dtype=torch.int64, device=logits.device)
     nans = torch.empty(grid, dtype=torch.int32, device=logits.device)
     probs = torch.empty_like(logits)
-    argmax = torch.empty(grid[0], dtype=torch.int64, device=logits.device)
+    argmax = torch.empty(grid[0], dtype=torch.int32, device=logits.device)
     finite = torch.empty(grid[0], dtype=torch.bool, device=logits.device)
     t = temperature.contiguous()
     _tempered_stats_kernel[grid](logits, t, maxes, sums, args, nans, logits.stride(0), logits.shape[1], CHUNK=CHUNK)

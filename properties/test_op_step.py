@@ -1,11 +1,11 @@
 """Op-level properties of the decode step's kernels: the input ids (pending tokens from the rows' last tokens, counts
-each side of the kernel's blocks), a replay's hand-out (the batch's rows, logits upcast bit for bit, in tensors of
-their own, vocabularies each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN,
-+inf and all -inf rows, the rows' last tokens kept, the host payload) over vocabularies each side of the argmax
-kernel's block and split edges, and the slot checks with their redirect over page tables with one planted fault (a
-slot written twice, over cached or live KV, out of the pool, off its page), in a decode batch's layout (one new token
-each: the Triton check's two-launch path, whose flag one bench carries from example to example) and in others. Marker
-``kernel``."""
+each side of the kernel's blocks), a replay's hand-out (the batch's rows, logits upcast bit for bit, in tensors of their
+own, vocabularies each side of the kernel's blocks), the greedy step (first argmax with exact ties, -1 on NaN, +inf and
+all -inf rows, the rows' last tokens kept, the host payload) over vocabularies each side of the argmax kernel's block
+and split edges, a sampled step's keep (-1 tokens kept as 0, the payload, tokens strided), and the slot checks with
+their redirect over page tables with one planted fault (a slot written twice, over cached or live KV, out of the pool,
+off its page), in a decode batch's layout (one new token each: the Triton check's two-launch path, whose flag one bench
+carries from example to example) and in others. Marker ``kernel``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ PAST_BLOCK = "input_ids: more tokens than one 1024-wide block of the kernel"
 TIE = "greedy_step: a tie at the max"
 SIXTEEN_BIT = "greedy_step: bfloat16 logits (a captured step's)"
 NOTHING = "greedy_step: a row with nothing to choose"
+NOTHING_SAMPLED = "keep_tokens: a row with nothing sampled (-1, kept as 0)"
+STRIDED_TOKENS = "keep_tokens: two or more tokens in a strided view (a sampler plugin's)"
 PAST_VOCAB_BLOCK = "hand_out: a vocabulary past one 4096-wide block of the kernel, not a multiple of it"
 PADDED = "hand_out: padding rows left out (fewer batch rows than the graph's)"
 LOGITS_MODE = "hand_out: no tokens (a logits-mode replay)"
@@ -57,6 +59,16 @@ def test_greedy_step(data: st.DataObject, op_bench: Bench) -> None:
     exercised(TIE, "tie" in case.kinds)
     exercised(NOTHING, bool({"nan", "posinf", "all_neginf"} & set(case.kinds)))
     step.check_greedy_step(op_bench, case)
+
+
+@settings(max_examples=examples(1.0))
+@given(data=st.data())
+@floors({NOTHING_SAMPLED: 0.2, STRIDED_TOKENS: 0.15})
+def test_keep_tokens(data: st.DataObject, op_bench: Bench) -> None:
+    case = data.draw(step.keep_cases(), label="case")
+    exercised(NOTHING_SAMPLED, bool((case.tokens < 0).any()))
+    exercised(STRIDED_TOKENS, case.tokens_gap > 0 and len(case.tokens) > 1)
+    step.check_keep_tokens(op_bench, case)
 
 
 @settings(max_examples=examples(1.0))

@@ -74,6 +74,7 @@ NEEDS_TRITON = {
     "gemm_k_tail_dropped", "triton_input_ids_batch_index_as_row",
     "top_p_chunk_carry_dropped", "tempered_argmax_last_tie", "top_p_keys_from_rounded_scores",
     "key_counts_signed_zeros_apart", "triton_slot_flag_kept", "triton_hand_out_tail_dropped",
+    "triton_keep_tokens_read_contiguous",
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import binomtest
 
 from engine import Batch, NonFiniteLogitsError, Req, SamplingParams, sample_graph
-from engine.sample import BaseSampler, BatchSamplingArgs, Sampler
+from engine.sample import BaseSampler, BatchSamplingArgs, Sampler, flashinfer_thresholds
 from engine.sample_rows import KEYS_EXACT_BELOW
 from oracle.checks import check_filtered_distribution
 from oracle.sampler import reference_distribution
@@ -251,6 +251,14 @@ def test_prepare_rows_are_the_parameters_as_hf_reads_them() -> None:
     assert torch.equal(padded.greedy[4:], torch.tensor([True, True])) and torch.equal(padded.seeds[4:], torch.zeros(2))
     assert torch.equal(padded.top_k[4:], torch.full((2,), vocab))
     assert args.row_seeds[1] is None and padded.seeds[0] == args.row_seeds[0]
+    # FlashInfer's thresholds as the block holds them: what the rule makes of the rows (top-p rounded from double).
+    assert args.flashinfer_thresholds is not None
+    top_k, top_p = args.flashinfer_thresholds
+    want_k, want_p = flashinfer_thresholds(dataclasses.replace(args, flashinfer_thresholds=None), 4, vocab)
+    assert top_k.dtype == torch.int32 and torch.equal(top_k, want_k) and torch.equal(top_p, want_p)
+    assert torch.equal(top_p, torch.tensor([0.3, 2.0, 2.0, 2.0], dtype=torch.float32))
+    assert torch.equal(padded.top_p_cut[4:], torch.full((2,), 2.0))
+    assert torch.equal(padded.top_k_int[4:], torch.full((2,), vocab, dtype=torch.int32))
 
 
 def test_prepare_uploads_a_block_once_while_its_params_repeat() -> None:

@@ -63,7 +63,7 @@ def test_quick_verify_passes_and_writes_json_markdown_junit_and_plot(
     stdout = captured.out
     assert "verdict: PASS" in stdout
     # not a terminal (a CI log): one line per section as it ends, and one table row per section
-    for line in ("kernels: 16 passed", "decode and split prefill: 8 passed"):
+    for line in ("kernels: 17 passed", "decode and split prefill: 8 passed"):
         assert re.search(rf"^{line}, 0 failed, 0 errors \([0-9.]+ s\)$", captured.err, re.M), captured.err
     assert "5 random ids, step" not in stdout  # a check's row: only with --verbose
     data = json.loads((tmp_path / "verify-tiny-qwen3.json").read_text())

@@ -57,6 +57,12 @@ class StepKernels(ABC):
         tokens = greedy_tokens(logits)
         return tokens, keep_tokens(tokens, last_tokens, rows, flags)
 
+    def keep_tokens(
+        self, tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+    ) -> torch.Tensor:
+        """A sampled step's end: the module's keep_tokens (the rows' last tokens, the host payload)."""
+        return keep_tokens(tokens, last_tokens, rows, flags)
+
     def hand_out(
         self, logits: torch.Tensor, tokens: torch.Tensor | None, n: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,10 +86,10 @@ class TritonStepKernels(StepKernels):
     name = "triton"
 
     def __init__(self) -> None:
-        from .triton import greedy_step, hand_out, input_ids, slot_check
+        from .triton import greedy_step, hand_out, input_ids, keep_tokens, slot_check
 
         self._input_ids, self._slot_check, self._greedy_step = input_ids, slot_check, greedy_step
-        self._hand_out = hand_out
+        self._keep_tokens, self._hand_out = keep_tokens, hand_out
         self._slot_flags: dict[torch.device, torch.Tensor] = {}  # each device's, zero between checks
 
     def input_ids(
@@ -108,6 +114,13 @@ class TritonStepKernels(StepKernels):
             return super().greedy_step(logits, last_tokens, rows, flags)
         return self._greedy_step(logits, last_tokens, rows, flags)
 
+    def keep_tokens(
+        self, tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+    ) -> torch.Tensor:
+        if self.declines("keep_tokens", tokens, last_tokens, rows, flags) is not None:
+            return super().keep_tokens(tokens, last_tokens, rows, flags)
+        return self._keep_tokens(tokens, last_tokens, rows, flags)
+
     def hand_out(
         self, logits: torch.Tensor, tokens: torch.Tensor | None, n: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -121,6 +134,11 @@ class TritonStepKernels(StepKernels):
             assert isinstance(logits, torch.Tensor)
             if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16) or logits.stride(1) != 1:
                 return "the kernel reads float32 or 16-bit logits with unit column stride"
+        if op == "keep_tokens":
+            tokens, last_tokens = args[0], args[1]
+            assert isinstance(tokens, torch.Tensor) and isinstance(last_tokens, torch.Tensor)
+            if tokens.dtype != torch.int32 or last_tokens.dtype != torch.int32 or tokens.numel() == 0:
+                return "the keep kernel takes int32 tokens and last tokens, one row at least"
         if op == "hand_out":
             tokens = args[1]
             if isinstance(tokens, torch.Tensor) and tokens.stride(0) != 1:

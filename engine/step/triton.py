@@ -1,6 +1,7 @@
 """Triton kernels of the decode step on CUDA: the input ids (StepKernels.input_ids states the rule), the slot checks
 and their redirect (engine/step/slots.py states the rule), a captured step's greedy tokens (engine/sample.py's
-rule) with what the engine keeps of them, and a replay's hand-out (StepKernels.hand_out) in one launch."""
+rule) with what the engine keeps of them, what it keeps of a sampled step's tokens (StepKernels.keep_tokens), and a
+replay's hand-out (StepKernels.hand_out) in one launch."""
 
 from __future__ import annotations
 
@@ -263,14 +264,27 @@ def _greedy_keep_kernel(
     first = tl.min(tl.where(vals == m, idxs, 2**31 - 1), axis=0)
     bad = (nan > 0) | (m == float("inf")) | (m == float("-inf"))
     token = tl.where(bad, -1, first)
+    tl.store(tokens_ptr + r, token)
+    _kept(token, r, last_ptr, rows_ptr, flag_ptr, payload_ptr, bs)
+
+
+@triton.jit
+def _kept(token, r, last_ptr, rows_ptr, flag_ptr, payload_ptr, bs):
+    """keep_tokens for batch row r: its token kept as its row's last token (-1 as 0), its payload entries (the
+    token, the last token before), and from row 0 the slot check's verdict."""
     row = tl.load(rows_ptr + r)
     before = tl.load(last_ptr + row)
     tl.store(last_ptr + row, tl.maximum(token, 0))
-    tl.store(tokens_ptr + r, token)
     tl.store(payload_ptr + r, token)
     tl.store(payload_ptr + bs + 1 + r, before)
     if r == 0:
         tl.store(payload_ptr + bs, tl.load(flag_ptr).to(tl.int32))
+
+
+@triton.jit
+def _keep_kernel(tokens_ptr, stride, last_ptr, rows_ptr, flag_ptr, payload_ptr, bs):
+    r = tl.program_id(0)
+    _kept(tl.load(tokens_ptr + r * stride), r, last_ptr, rows_ptr, flag_ptr, payload_ptr, bs)
 
 
 def greedy_step(
@@ -292,6 +306,16 @@ def greedy_step(
         S_PAD=triton.next_power_of_2(splits),
     )
     return tokens, payload
+
+
+def keep_tokens(
+    tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+) -> torch.Tensor:
+    """StepKernels.keep_tokens in one launch."""
+    bs = tokens.shape[0]
+    payload = torch.empty(2 * bs + 1, dtype=torch.int32, device=tokens.device)
+    _keep_kernel[(bs,)](tokens, tokens.stride(0), last_tokens, rows, flags, payload, bs)
+    return payload
 
 
 HAND_OUT_BLOCK = 4096

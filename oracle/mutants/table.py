@@ -448,6 +448,20 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "keep_tokens_unclamped",
+            "a sampled step keeps a row's -1 (nothing sampled) as its last token, so the next step's input id is -1",
+            "sentinel values leaking into state: the -1 a kernel writes for 'no token' read back as an id",
+            kernels.keep_tokens_unclamped,
+        ),
+        Mutant(
+            "triton_keep_tokens_read_contiguous",
+            "the Triton keep kernel reads the sampled tokens as contiguous: a strided view hands it other rows' tokens",
+            "strided inputs read as contiguous (this project's hand-out read a plugin's strided tokens so, f6d75ca)",
+            kernels.triton_keep_tokens_read_contiguous,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "triton_slot_flag_kept",
             "the Triton slot check of a decode batch never clears its flag: after one refused decode step of up to "
             "32 requests, every such step is refused",

@@ -1,7 +1,7 @@
 """Op-level checks of the decode step's kernels (StepKernels): the input ids, the greedy step (argmax, the rows' last
-tokens, the host payload), a replay's hand-out and the slot checks with their redirect. Every contract is exact:
-integers, compared bitwise with the harness's own statement of the rules (not the engine's torch reference, so a bug
-there shows too)."""
+tokens, the host payload), a sampled step's keep (the same last tokens and payload), a replay's hand-out and the slot
+checks with their redirect. Every contract is exact: integers, compared bitwise with the harness's own statement of the
+rules (not the engine's torch reference, so a bug there shows too)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..strategies import seeds
 from . import references as ref
 from .bench import Bench
 from .compare import assert_bitwise, describe
-from .guard import assert_untouched, guarded
+from .guard import Guarded, assert_untouched, guarded
 from .strategies import BLOCK_EDGES, edge_sizes, gaps, random_tensor, seq_lengths
 
 ROW_KINDS = ("plain", "tie", "last", "nan", "posinf", "all_neginf", "some_neginf", "subnormal")
@@ -135,13 +135,57 @@ def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
     assert isinstance(out, tuple)
     tokens, payload = out
     want = ref.first_argmax(case.logits)
-    want_last = case.last_tokens.clone()
-    want_last[case.rows] = want.clamp(min=0)
-    want_payload = torch.cat([want, torch.tensor([int(case.refused)], dtype=torch.int32), case.last_tokens[case.rows]])
     assert_bitwise("greedy_step", call, "tokens", tokens, want)
-    assert_bitwise("greedy_step", call, "last_tokens (kept tokens; other rows untouched)", last.view, want_last)
-    assert_bitwise("greedy_step", call, "payload (tokens, verdict, last tokens before)", payload, want_payload)
+    _assert_kept("greedy_step", call, want, case.last_tokens, case.rows, case.refused, last, payload)
     assert_untouched("greedy_step", [logits, rows, flags], outputs=(last,))
+
+
+def _assert_kept(
+    op: str, call: str, tokens: torch.Tensor, last_before: torch.Tensor, rows: torch.Tensor, refused: bool,
+    last: Guarded, payload: torch.Tensor,
+) -> None:
+    """What a step keeps of its tokens: each row's token as its last token (-1 as 0), the rest untouched, and the host
+    payload (the tokens, the slot check's verdict, the rows' last tokens before)."""
+    want_last = last_before.clone()
+    want_last[rows] = tokens.clamp(min=0)
+    want_payload = torch.cat([tokens, torch.tensor([int(refused)], dtype=torch.int32), last_before[rows]])
+    assert_bitwise(op, call, "last_tokens (kept tokens; other rows untouched)", last.view, want_last)
+    assert_bitwise(op, call, "payload (tokens, verdict, last tokens before)", payload, want_payload)
+
+
+@dataclass(frozen=True)
+class KeepCase:
+    tokens: torch.Tensor  # int32 [bs], -1 where a row had nothing to sample
+    last_tokens: torch.Tensor  # int32 [max_rows + 1]
+    rows: torch.Tensor  # int64 [bs], distinct
+    refused: bool
+    tokens_gap: int  # a sampler plugin's tokens may be a strided view
+
+
+@st.composite
+def keep_cases(draw: st.DrawFn) -> KeepCase:
+    bs = draw(edge_sizes((8,), 1, 9))
+    max_rows = draw(st.integers(bs, bs + 8))
+    gen = torch.Generator().manual_seed(draw(seeds))
+    tokens = torch.randint(0, draw(st.sampled_from(ID_RANGES)), (bs,), generator=gen, dtype=torch.int32)
+    tokens[draw(st.lists(st.integers(0, bs - 1), max_size=2))] = -1
+    rows = draw(st.lists(st.integers(0, max_rows), min_size=bs, max_size=bs, unique=True))
+    last = torch.randint(0, 2**31 - 1, (max_rows + 1,), generator=gen, dtype=torch.int32)
+    return KeepCase(tokens, last, torch.tensor(rows), draw(st.booleans()), draw(st.sampled_from((0, 0, 0, 2))))
+
+
+def check_keep_tokens(bench: Bench, case: KeepCase) -> None:
+    """A sampled step's end: its tokens kept and the payload written, as the greedy step's end does."""
+    dev = bench.device
+    tokens = guarded("tokens", case.tokens.to(dev), case.tokens_gap)
+    last = guarded("last_tokens", case.last_tokens.to(dev))
+    rows = guarded("rows", case.rows.to(dev))
+    flags = guarded("flags", torch.tensor([case.refused], device=dev))
+    call = describe({"tokens": tokens.view, "last_tokens": last.view, "rows": rows.view}, refused=case.refused)
+    payload = bench.run_step_kernel("keep_tokens", "keep_tokens", tokens.view, last.view, rows.view, flags.view)
+    assert isinstance(payload, torch.Tensor)
+    _assert_kept("keep_tokens", call, case.tokens, case.last_tokens, case.rows, case.refused, last, payload)
+    assert_untouched("keep_tokens", [tokens, rows, flags], outputs=(last,))
 
 
 # ---- a replay's hand-out -----------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ KERNEL_OPS = (
     ),
     KernelOp("input_ids", lambda b: step.input_ids_cases(), step.check_input_ids),
     KernelOp("greedy_step", lambda b: step.greedy_cases(), step.check_greedy_step),
+    KernelOp("keep_tokens", lambda b: step.keep_cases(), step.check_keep_tokens),
     KernelOp("hand_out", lambda b: step.hand_out_cases(), step.check_hand_out),
     KernelOp("slot_check", lambda b: step.slot_cases(b.target.page_sizes), step.check_slot_check),
     _attention("prefill"),

@@ -1,5 +1,6 @@
 """The Triton step kernels (engine/step/triton.py, engine/attention/page_ids.py) against their torch statements:
-the input ids, the slot check, the greedy step, the hand-out and the graph's page ids, bit for bit.
+the input ids, the slot check, the greedy step, a sampled step's keep, the hand-out and the graph's page ids, bit for
+bit.
 
 On CUDA by default; KERNEL_TEST_DEVICE=cpu with TRITON_INTERPRET=1 runs them in Triton's interpreter, and
 tools/sm90_compile.py compiles their launches.
@@ -154,6 +155,21 @@ def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
     assert torch.equal(got_logits.nan_to_num(7.0), want_logits.nan_to_num(7.0))
     assert (got_tokens is None) == (want_tokens is None)
     assert got_tokens is None or torch.equal(got_tokens, want_tokens)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=step_ops.keep_cases())
+def test_keep_tokens_is_the_torch_one(case: step_ops.KeepCase) -> None:
+    """A sampled step's end, -1 tokens among them, contiguous or strided: the same last tokens and payload as
+    StepKernels' torch statement."""
+    stride = 1 + case.tokens_gap
+    tokens = case.tokens.new_zeros(len(case.tokens) * stride).to(DEVICE)[::stride]
+    tokens.copy_(case.tokens)
+    rows, flags = case.rows.to(DEVICE), torch.tensor([case.refused], device=DEVICE)
+    want_last, got_last = case.last_tokens.to(DEVICE), case.last_tokens.to(DEVICE, copy=True)
+    want = TORCH_STEP_KERNELS.keep_tokens(tokens, want_last, rows, flags)
+    got = STEP_KERNELS.factory("triton")().keep_tokens(tokens, got_last, rows, flags)
+    assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want) and torch.equal(got_last, want_last)
 
 
 @settings(max_examples=60, deadline=None)

@@ -170,6 +170,37 @@ def triton_input_ids_batch_index_as_row() -> Any:
         yield
 
 
+def keep_tokens_unclamped() -> contextlib.AbstractContextManager[None]:
+    return swap(StepKernels, "keep_tokens", _keep_tokens_unclamped)
+
+
+def _keep_tokens_unclamped(
+    self: StepKernels, tokens: torch.Tensor, last_tokens: torch.Tensor, rows: torch.Tensor, flags: torch.Tensor
+) -> torch.Tensor:
+    """A row with nothing sampled keeps -1 as its last token: the next step's input id is -1."""
+    before = last_tokens.index_select(0, rows)
+    last_tokens.index_copy_(0, rows, tokens)
+    return torch.cat([tokens, flags.to(torch.int32), before])
+
+
+@contextlib.contextmanager
+def triton_keep_tokens_read_contiguous() -> Any:
+    """The Triton keep kernel reads the tokens as contiguous: a sampler's strided view hands it other rows' tokens."""
+    from engine.step import triton as triton_kernels
+
+    kernel = triton_kernels._keep_kernel
+
+    class _Launch:
+        def __getitem__(self, grid: object) -> Any:
+            def launch(tokens: torch.Tensor, stride: int, *rest: Any, **kw: Any) -> Any:
+                return kernel[grid](tokens, 1, *rest, **kw)
+
+            return launch
+
+    with swap(triton_kernels, "_keep_kernel", _Launch()):
+        yield
+
+
 def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
     return swap(TritonKernels, "rms_norm", _rms_norm_quietly_on_torch)
 

@@ -215,7 +215,7 @@ def _tempered_softmax_last_tie(
     """engine/sample_rows.tempered_softmax with the argmax at the last of a row's tied maxima, not the first."""
     probs, _, finite = sample_rows.tempered_softmax(logits, temperature)
     scores = logits / temperature.unsqueeze(1)
-    return probs, scores.shape[1] - 1 - scores.flip(-1).argmax(dim=-1), finite
+    return probs, (scores.shape[1] - 1 - scores.flip(-1).argmax(dim=-1)).to(torch.int32), finite
 
 
 def tempered_argmax_last_tie() -> contextlib.AbstractContextManager[None]:
