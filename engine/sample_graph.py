@@ -37,14 +37,15 @@ class Rows(NamedTuple):
 
 def pack(params: Sequence[SamplingParams], pad: int, vocab: int) -> torch.Tensor:
     """uint8 [ROW_BYTES * (len(params) + pad)] on the host; the pad rows are greedy with every filter off."""
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad
     columns: tuple[Sequence[float], ...] = (
-        [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
+        top_k,
         [p.top_p for p in params] + [1.0] * pad,
         [p.seed or 0 for p in params] + [0] * pad,
         [1.0 if p.is_greedy else p.temperature for p in params] + [1.0] * pad,
         [p.min_p for p in params] + [0.0] * pad,
         [p.top_p if p.top_p < 1.0 else TOP_P_OFF for p in params] + [TOP_P_OFF] * pad,
-        [p.top_k if 0 < p.top_k < vocab else vocab for p in params] + [vocab] * pad,
+        top_k,
         [p.is_greedy for p in params] + [True] * pad,
     )
     return torch.cat([host_tensor(column, dtype).view(torch.uint8) for column, dtype in zip(columns, _DTYPES)])

@@ -1,6 +1,6 @@
 """The decode step's kernels behind StepKernels, picked by name (EngineConfig.step_kernels): the input ids, the slot
-check with its redirect, a captured step's end and what a replay hands its caller. 'torch' is the reference
-(StepKernels' methods, step/slots.py, sample.greedy_tokens); 'triton' (CUDA) runs each in a few launches
+check with its redirect, a step's end (greedy, or keeping sampled tokens) and what a replay hands its caller. 'torch' is
+the reference (StepKernels' methods, step/slots.py, sample.greedy_tokens); 'triton' (CUDA) runs each in a few launches
 (engine/step/triton.py)."""
 
 from __future__ import annotations

@@ -127,9 +127,7 @@ def greedy_cases(draw: st.DrawFn) -> GreedyCase:
 def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
     dev = bench.device
     logits = guarded("logits", case.logits.to(dev), case.gap)
-    last = guarded("last_tokens", case.last_tokens.to(dev))
-    rows = guarded("rows", case.rows.to(dev))
-    flags = guarded("flags", torch.tensor([case.refused], device=dev))
+    last, rows, flags = _keep_inputs(dev, case.last_tokens, case.rows, case.refused)
     call = describe({"logits": logits.view, "last_tokens": last.view, "rows": rows.view}, kinds=case.kinds)
     out = bench.run_step_kernel("greedy_step", "greedy_step", logits.view, last.view, rows.view, flags.view)
     assert isinstance(out, tuple)
@@ -138,6 +136,14 @@ def check_greedy_step(bench: Bench, case: GreedyCase) -> None:
     assert_bitwise("greedy_step", call, "tokens", tokens, want)
     _assert_kept("greedy_step", call, want, case.last_tokens, case.rows, case.refused, last, payload)
     assert_untouched("greedy_step", [logits, rows, flags], outputs=(last,))
+
+
+def _keep_inputs(
+    dev: torch.device, last_tokens: torch.Tensor, rows: torch.Tensor, refused: bool
+) -> tuple[Guarded, Guarded, Guarded]:
+    """A step end's last tokens (written in place), rows and slot-check flag, guarded on the bench's device."""
+    flags = torch.tensor([refused], device=dev)
+    return guarded("last_tokens", last_tokens.to(dev)), guarded("rows", rows.to(dev)), guarded("flags", flags)
 
 
 def _assert_kept(
@@ -178,9 +184,7 @@ def check_keep_tokens(bench: Bench, case: KeepCase) -> None:
     """A sampled step's end: its tokens kept and the payload written, as the greedy step's end does."""
     dev = bench.device
     tokens = guarded("tokens", case.tokens.to(dev), case.tokens_gap)
-    last = guarded("last_tokens", case.last_tokens.to(dev))
-    rows = guarded("rows", case.rows.to(dev))
-    flags = guarded("flags", torch.tensor([case.refused], device=dev))
+    last, rows, flags = _keep_inputs(dev, case.last_tokens, case.rows, case.refused)
     call = describe({"tokens": tokens.view, "last_tokens": last.view, "rows": rows.view}, refused=case.refused)
     payload = bench.run_step_kernel("keep_tokens", "keep_tokens", tokens.view, last.view, rows.view, flags.view)
     assert isinstance(payload, torch.Tensor)

@@ -138,6 +138,12 @@ def test_the_decode_check_sees_every_request_up_to_its_cap(n: int, clash: str) -
     assert torch.equal(got_loc, want_loc) and torch.equal(got_rows, want_rows)
 
 
+def _strided(tokens: torch.Tensor, gap: int) -> torch.Tensor:
+    """tokens on DEVICE in a view `gap` elements apart, as a sampler plugin's may be."""
+    view = tokens.new_zeros(len(tokens) * (1 + gap)).to(DEVICE)[:: 1 + gap]
+    return view.copy_(tokens)
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=step_ops.hand_out_cases())
 def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
@@ -145,10 +151,7 @@ def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
     (contiguous or strided): the same float32 rows and tokens as StepKernels' torch statement, bit for bit (NaN for
     NaN)."""
     logits = case.logits.to(DEVICE)
-    tokens = None
-    if case.tokens is not None:  # strided as a sampler plugin's view may be
-        tokens = case.tokens.new_zeros(len(case.tokens) * (1 + case.tokens_gap)).to(DEVICE)[:: 1 + case.tokens_gap]
-        tokens.copy_(case.tokens)
+    tokens = None if case.tokens is None else _strided(case.tokens, case.tokens_gap)
     want_logits, want_tokens = TORCH_STEP_KERNELS.hand_out(logits, tokens, case.n)
     got_logits, got_tokens = STEP_KERNELS.factory("triton")().hand_out(logits, tokens, case.n)
     assert got_logits.dtype == torch.float32 and got_logits.shape == want_logits.shape
@@ -162,9 +165,7 @@ def test_hand_out_is_the_torch_one(case: step_ops.HandOutCase) -> None:
 def test_keep_tokens_is_the_torch_one(case: step_ops.KeepCase) -> None:
     """A sampled step's end, -1 tokens among them, contiguous or strided: the same last tokens and payload as
     StepKernels' torch statement."""
-    stride = 1 + case.tokens_gap
-    tokens = case.tokens.new_zeros(len(case.tokens) * stride).to(DEVICE)[::stride]
-    tokens.copy_(case.tokens)
+    tokens = _strided(case.tokens, case.tokens_gap)
     rows, flags = case.rows.to(DEVICE), torch.tensor([case.refused], device=DEVICE)
     want_last, got_last = case.last_tokens.to(DEVICE), case.last_tokens.to(DEVICE, copy=True)
     want = TORCH_STEP_KERNELS.keep_tokens(tokens, want_last, rows, flags)
