@@ -151,9 +151,18 @@ def gemv_fits(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> boo
     return (rows == 1 or 0 < rows <= GEMV_MAX_ROWS and k > n) and weight_fits(x, weight, gated)
 
 
+# (BLOCK_N, num_warps) of a single row's product by weight shape [n, k], each program taking a whole weight row
+# (BLOCK_K = next power of two of k): the Qwen3-0.6B qkv, o_proj and down projections, measured together in the B 1
+# step's chain of launches, where they beat the rule below (RESULTS.md, issue #26's eighteenth part).
+ONE_ROW_BLOCKS = {(4096, 1024): (8, 2), (1024, 2048): (2, 4), (1024, 3072): (4, 16)}
+
+
 def gemv_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of an m-row product of an [n, k] weight, tuned for the Qwen3-0.6B
-    projections (RESULTS.md)."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of an m-row product of an [n, k] weight: ONE_ROW_BLOCKS' entry, else a
+    rule tuned for the Qwen3-0.6B projections one at a time (RESULTS.md)."""
+    if m == 1 and (n, k) in ONE_ROW_BLOCKS:
+        block_n, warps = ONE_ROW_BLOCKS[n, k]
+        return 1, block_n, triton.next_power_of_2(k), warps
     block_m = triton.next_power_of_2(m)
     block_n = max(1, min(4, triton.next_power_of_2(max(1, n // 256))))
     row = triton.next_power_of_2(k)
