@@ -29,13 +29,14 @@ from benchmarks.common import (
     graph_device_ms,
     model_for,
 )
-from engine.attention import triton_decode
-from engine.layers import triton_gemv
 
 
 @contextmanager
 def blocks(variant: dict[str, Any]) -> Iterator[None]:
     """ONE_ROW_BLOCKS with the variant's entries and the decode's NUM_WARPS as it says, for the duration."""
+    from engine.attention import triton_decode  # triton: CUDA builds only
+    from engine.layers import triton_gemv
+
     saved = dict(triton_gemv.ONE_ROW_BLOCKS), triton_decode.NUM_WARPS
     for shape, (block_n, warps) in variant.get("gemv", {}).items():
         n, k = (int(v) for v in shape.split(","))
@@ -73,6 +74,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=640)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (and triton)")
     results = []
     for round_ in range(args.rounds):
         for variant in [{}, *args.variants]:
