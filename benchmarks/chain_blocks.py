@@ -1,13 +1,14 @@
-"""The B 1 greedy step's graph with the one-row GEMV blocks and the Triton decode's warps varied: each variant builds
-an engine of the cuda-bf16 target (attention=triton, the benchmark model's shape, dummy weights), decodes at the
-given context and reports the graph's device time and one layer's kernels with the µs each adds
+"""The B 1 greedy step's graph with the one-row GEMV blocks and the Triton decode's warps, splits and tile varied:
+each variant builds an engine of the cuda-bf16 target (attention=triton, the benchmark model's shape, dummy weights),
+decodes at the given context and reports the graph's device time and one layer's kernels with the µs each adds
 (common.graph_critical_path), the variants alternating over rounds. Kernel blocks are tuned here in the chain of
 launches they run in: under programmatic dependent launch a block that wins alone can lose there.
 
     python -m benchmarks.chain_blocks [--rounds 2] [--context 640] [--json PATH] [VARIANT ...]
 
-A VARIANT is JSON: {"gemv": {"N,K": [BLOCK_N, warps], ...}, "decode_warps": W}; none: the engine's own blocks. The
-measurement behind triton_gemv.ONE_ROW_BLOCKS (benchmarks/RESULTS.md, issue #26's eighteenth part).
+A VARIANT is JSON: {"gemv": {"N,K": [BLOCK_N, warps], ...}, "decode_warps": W, "decode_splits": S, "decode_tile": T},
+each key optional; the engine's own blocks run first in every round. The measurement behind triton_gemv.ONE_ROW_BLOCKS
+(benchmarks/RESULTS.md, issue #26's eighteenth part).
 """
 
 from __future__ import annotations
@@ -33,21 +34,28 @@ from benchmarks.common import (
 
 @contextmanager
 def blocks(variant: dict[str, Any]) -> Iterator[None]:
-    """ONE_ROW_BLOCKS with the variant's entries and the decode's NUM_WARPS as it says, for the duration."""
+    """ONE_ROW_BLOCKS with the variant's entries, and the decode's warps, splits and tile as it says, for the
+    duration."""
     from engine.attention import triton_decode  # triton: CUDA builds only
     from engine.layers import triton_gemv
 
-    saved = dict(triton_gemv.ONE_ROW_BLOCKS), triton_decode.NUM_WARPS
+    table = dict(triton_gemv.ONE_ROW_BLOCKS)
+    decode = {name: getattr(triton_decode, name) for name in ("NUM_WARPS", "choose_splits", "block_n")}
     for shape, (block_n, warps) in variant.get("gemv", {}).items():
         n, k = (int(v) for v in shape.split(","))
         triton_gemv.ONE_ROW_BLOCKS[n, k] = (block_n, warps)
     triton_decode.NUM_WARPS = variant.get("decode_warps", triton_decode.NUM_WARPS)
+    if "decode_splits" in variant:
+        triton_decode.choose_splits = lambda *args: int(variant["decode_splits"])  # type: ignore[assignment]
+    if "decode_tile" in variant:
+        triton_decode.block_n = lambda group, head_dim: int(variant["decode_tile"])  # type: ignore[assignment]
     try:
         yield
     finally:
         triton_gemv.ONE_ROW_BLOCKS.clear()
-        triton_gemv.ONE_ROW_BLOCKS.update(saved[0])
-        triton_decode.NUM_WARPS = saved[1]
+        triton_gemv.ONE_ROW_BLOCKS.update(table)
+        for name, value in decode.items():
+            setattr(triton_decode, name, value)
 
 
 def measure(variant: dict[str, Any], context: int) -> dict[str, Any]:
