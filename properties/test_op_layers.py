@@ -1,12 +1,14 @@
 """Op-level properties of the layer kernels: each LayerKernels method of the target, called alone on drawn
 boundary inputs (widths each side of block edges, subnormal to near-overflow magnitudes, strided rows, positions at
-the end of the RoPE table, KV slots past 2**31 elements, GQA head counts), against HF's op sequence
+the end of the RoPE table, KV slots past 2**31 elements, GQA head counts, one row of the benchmarked models' projection
+shapes), against HF's op sequence
 (oracle/ops/layers.py states each contract), inside guard regions, with the implementation that ran recorded (marker
 ``kernel``)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +27,12 @@ BIG = "store_kv: slots past 2**31 elements (where memory allows two such pools)"
 FUSED_ROW = "norm_linear: a single row (where the norm folds into the GEMV)"
 MANY_ROWS = "linear: more rows than the GEMV's 2 (the skinny GEMM's case up to its 16, and past it)"
 FUSED_ROWS = "norm_linear: more rows than the GEMV's 2 (add + RMSNorm, then the skinny GEMM or cuBLAS)"
+MODEL_ROW = "linear: one row of a model's projection shape (where kernels take blocks of their own)"
+FUSED_MODEL_ROW = "norm_linear: one row of a model's projection shape (where kernels take blocks of their own)"
+
+
+def model_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.shape[0] == 1 and tuple(weight.shape) in layers.MODEL_PROJECTIONS
 
 
 @settings(max_examples=examples(2.0))
@@ -59,21 +67,23 @@ def test_silu_and_mul(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({ONE_ROW: 0.2, MANY_ROWS: 0.2})
+@floors({ONE_ROW: 0.2, MANY_ROWS: 0.2, MODEL_ROW: 0.05})
 def test_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.linear_cases(op_bench.dtype), label="case")
     exercised(ONE_ROW, case.x.shape[0] == 1)
     exercised(MANY_ROWS, case.x.shape[0] > 2)
+    exercised(MODEL_ROW, model_row(case.x, case.weight))
     layers.check_linear(op_bench, case)
 
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({FUSED_ROW: 0.2, FUSED_ROWS: 0.2})
+@floors({FUSED_ROW: 0.2, FUSED_ROWS: 0.2, FUSED_MODEL_ROW: 0.05})
 def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_linear_cases(op_bench.dtype), label="case")
     exercised(FUSED_ROW, case.x.shape[0] == 1)
     exercised(FUSED_ROWS, case.x.shape[0] > 2)
+    exercised(FUSED_MODEL_ROW, model_row(case.x, case.weight))
     layers.check_norm_linear(op_bench, case)
 
 

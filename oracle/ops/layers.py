@@ -215,11 +215,23 @@ class LinearCase:
     gap: int
 
 
+# The projections [N, K] of the models the engine is benchmarked on (the Qwen3-0.6B shape, SmolLM2-135M): kernels
+# may launch a single row of these with blocks of their own (engine/layers/triton_gemv.py, ONE_ROW_BLOCKS).
+MODEL_PROJECTIONS = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (960, 576), (576, 576), (3072, 576),
+                     (576, 1536))
+
+
+def model_projection(draw: st.DrawFn, rows: int) -> tuple[int, int] | None:
+    """A model projection's (N, K) for half the single rows, else None."""
+    return draw(st.sampled_from(MODEL_PROJECTIONS)) if rows == 1 and draw(st.booleans()) else None
+
+
 @st.composite
 def linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> LinearCase:
     rows = draw(st.just(1) | product_rows)
-    k = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
-    n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    n, k = model_projection(draw, rows) or (
+        draw(edge_sizes(BLOCK_EDGES, 1, 3000)), draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    )
     gated = draw(st.booleans())
     seed = draw(seeds)
     x = random_tensor((rows, 2 * k if gated else k), dtype, draw(st.sampled_from((1e-3, 1.0, 30.0))), seed)
@@ -276,8 +288,10 @@ class NormLinearCase:
 @st.composite
 def norm_linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> NormLinearCase:
     rows = draw(st.just(1) | product_rows)
-    k = draw(st.integers(1025, 3000) | edge_sizes(BLOCK_EDGES, 1, 3000))  # rows of several K blocks as often
-    n = draw(edge_sizes(BLOCK_EDGES, 1, 3000))
+    n, k = model_projection(draw, rows) or (
+        draw(edge_sizes(BLOCK_EDGES, 1, 3000)),
+        draw(st.integers(1025, 3000) | edge_sizes(BLOCK_EDGES, 1, 3000)),  # rows of several K blocks as often
+    )
     # Not subnormal: the normed rows' products would fall below float32's normal range, outside dot_bound.
     scale = draw(st.sampled_from(MAGNITUDES[1:]))
     seed = draw(seeds)
