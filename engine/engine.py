@@ -303,6 +303,14 @@ class Engine:
             payload = self.step_kernels.keep_tokens(tokens, self.last_tokens, inputs.rows, inputs.flags)
         return StepOutputs(logits, inputs, tokens, payload)
 
+    def _sample_and_keep(
+        self, logits: torch.Tensor, args: BatchSamplingArgs, batch: Batch
+    ) -> tuple[torch.Tensor, Callable[[], None], torch.Tensor]:
+        """A step sampled outside a graph: (tokens, the draws' undo, keep_tokens' payload)."""
+        tokens, undo_draws = self.sampler.sample_deferred(logits, args)
+        payload = self.step_kernels.keep_tokens(tokens, self.last_tokens, batch.rows[: batch.size], batch.slot_flags)
+        return tokens, undo_draws, payload
+
     def _graph_mode(self, batch: Batch, args: BatchSamplingArgs) -> Mode | None:
         """The captured step this batch replays, or None: it runs eagerly."""
         bs = batch.padded_size
@@ -344,9 +352,7 @@ class Engine:
                 if step.tokens is not None and step.payload is not None:
                     next_tokens, payload = step.tokens[:n], step.payload
                 else:
-                    next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                    payload = self.step_kernels.keep_tokens(
-                        next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
+                    next_tokens, undo_draws, payload = self._sample_and_keep(logits, args, batch)
             else:
                 if batch.packed_inputs is not None:  # packed for a graph this engine lacks: run eagerly
                     host, layout = batch.packed_inputs
@@ -354,9 +360,7 @@ class Engine:
                     self.attn_backend.prepare_metadata(batch)
                 with self.ctx.forward_batch(batch):
                     logits = self.model(batch.input_ids, batch.positions, self.ctx)[:n].float()
-                next_tokens, undo_draws = self.sampler.sample_deferred(logits, args)
-                payload = self.step_kernels.keep_tokens(
-                    next_tokens, self.last_tokens, batch.rows[:n], batch.slot_flags)
+                next_tokens, undo_draws, payload = self._sample_and_keep(logits, args, batch)
             if self.device.is_cuda:
                 host = torch.empty(payload.shape, dtype=payload.dtype, pin_memory=True)
                 host.copy_(payload, non_blocking=True)
