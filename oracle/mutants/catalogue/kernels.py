@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -152,22 +153,27 @@ def input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
     return swap(StepKernels, "input_ids", _input_ids_batch_index_as_row)
 
 
-@contextlib.contextmanager
-def triton_input_ids_batch_index_as_row() -> Any:
-    """The same bug in the Triton kernel: it is handed the requests' places in the batch for their rows."""
+def _relaunched(name: str, launch: Callable[[Any, Any], Callable[..., Any]]) -> contextlib.AbstractContextManager[None]:
+    """engine/step/triton.py's kernel `name` behind a stand-in whose `[grid](...)` launches call launch(kernel, grid)
+    in place of kernel[grid] (imports triton: CUDA machines only)."""
     from engine.step import triton as step_triton
 
-    kernel = step_triton._input_ids_kernel
+    kernel = getattr(step_triton, name)
 
     class _Launch:
-        def __getitem__(self, grid: object) -> Any:
-            def launch(ids: torch.Tensor, pending: torch.Tensor, rows: torch.Tensor, *rest: Any, **kw: Any) -> Any:
-                return kernel[grid](ids, pending, _batch_places(rows), *rest, **kw)
+        def __getitem__(self, grid: Any) -> Callable[..., Any]:
+            return launch(kernel, grid)
 
-            return launch
+    return swap(step_triton, name, _Launch())
 
-    with swap(step_triton, "_input_ids_kernel", _Launch()):
-        yield
+
+def triton_input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
+    """The same bug in the Triton kernel: it is handed the requests' places in the batch for their rows."""
+
+    def launch(kernel: Any, grid: Any) -> Callable[..., Any]:
+        return lambda ids, pending, rows, *rest, **kw: kernel[grid](ids, pending, _batch_places(rows), *rest, **kw)
+
+    return _relaunched("_input_ids_kernel", launch)
 
 
 def keep_tokens_unclamped() -> contextlib.AbstractContextManager[None]:
@@ -183,76 +189,41 @@ def _keep_tokens_unclamped(
     return torch.cat([tokens, flags.to(torch.int32), before])
 
 
-@contextlib.contextmanager
-def triton_keep_tokens_read_contiguous() -> Any:
+def triton_keep_tokens_read_contiguous() -> contextlib.AbstractContextManager[None]:
     """The Triton keep kernel reads the tokens as contiguous: a sampler's strided view hands it other rows' tokens."""
-    from engine.step import triton as triton_kernels
-
-    kernel = triton_kernels._keep_kernel
-
-    class _Launch:
-        def __getitem__(self, grid: object) -> Any:
-            def launch(tokens: torch.Tensor, stride: int, *rest: Any, **kw: Any) -> Any:
-                return kernel[grid](tokens, 1, *rest, **kw)
-
-            return launch
-
-    with swap(triton_kernels, "_keep_kernel", _Launch()):
-        yield
+    return _relaunched("_keep_kernel", lambda kernel, grid: lambda tokens, stride, *rest, **kw: kernel[grid](
+        tokens, 1, *rest, **kw))
 
 
 def triton_rms_norm_undeclared_fallback() -> contextlib.AbstractContextManager[None]:
     return swap(TritonKernels, "rms_norm", _rms_norm_quietly_on_torch)
 
 
-@contextlib.contextmanager
-def triton_slot_count_skipped() -> Any:
+def triton_slot_count_skipped() -> contextlib.AbstractContextManager[None]:
     """The Triton slot check never launches its count kernel: a slot written twice (or over cached KV marked after
     it) passes."""
-    from engine.step import triton as triton_kernels
-
-    class _Skip:
-        def __getitem__(self, grid: object) -> Any:
-            return lambda *args, **kwargs: None
-
-    with swap(triton_kernels, "_slot_count_kernel", _Skip()):
-        yield
+    return _relaunched("_slot_count_kernel", lambda kernel, grid: lambda *args, **kwargs: None)
 
 
-@contextlib.contextmanager
-def triton_hand_out_tail_dropped() -> Any:
+def triton_hand_out_tail_dropped() -> contextlib.AbstractContextManager[None]:
     """The hand-out's grid takes the vocabulary's whole blocks (floor division for ceil): each row's tail past its last
     full block, and a vocabulary under one block entirely, is handed out as allocated."""
-    from engine.step import triton as triton_kernels
 
-    kernel = triton_kernels._hand_out_kernel
+    def launch(kernel: Any, grid: tuple[int, int]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            whole = args[3] // kwargs["BLOCK"]  # args[3]: the vocabulary
+            return kernel[(grid[0], whole)](*args, **kwargs) if whole else None
 
-    class _Launch:
-        def __getitem__(self, grid: tuple[int, int]) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> Any:
-                whole = args[3] // kwargs["BLOCK"]  # args[3]: the vocabulary
-                return kernel[(grid[0], whole)](*args, **kwargs) if whole else None
+        return run
 
-            return launch
-
-    with swap(triton_kernels, "_hand_out_kernel", _Launch()):
-        yield
+    return _relaunched("_hand_out_kernel", launch)
 
 
-@contextlib.contextmanager
-def triton_slot_flag_kept() -> Any:
+def triton_slot_flag_kept() -> contextlib.AbstractContextManager[None]:
     """The Triton slot check of a decode batch's layout never clears its flag after reading it: once one such batch
     is refused, every later one is too (state one step leaves for the next)."""
-    from engine.step import triton as triton_kernels
-
-    kernel = triton_kernels._slot_redirect_kernel
-
-    class _Launch:
-        def __getitem__(self, grid: object) -> Any:
-            return lambda *args, **kwargs: kernel[grid](*args, **{**kwargs, "RESET": False})
-
-    with swap(triton_kernels, "_slot_redirect_kernel", _Launch()):
-        yield
+    return _relaunched("_slot_redirect_kernel", lambda kernel, grid: lambda *args, **kwargs: kernel[grid](
+        *args, **{**kwargs, "RESET": False}))
 
 
 def triton_rope_store_k_unrotated() -> contextlib.AbstractContextManager[None]:
