@@ -71,7 +71,7 @@ PATCHED: tuple[type | ModuleType, ...] = (
 # Patched only where triton is installed (the Triton kernels' module imports it).
 NEEDS_TRITON = {
     "gemv_gate_unactivated", "triton_slot_count_skipped", "seeded_noise_by_row", "norm_gemv_rms_first_block",
-    "gemm_k_tail_dropped", "triton_input_ids_batch_index_as_row",
+    "gemm_k_tail_dropped", "gemv_grid_by_rule", "triton_input_ids_batch_index_as_row",
     "top_p_chunk_carry_dropped", "tempered_argmax_last_tie", "top_p_keys_from_rounded_scores",
     "key_counts_signed_zeros_apart", "triton_slot_flag_kept", "triton_hand_out_tail_dropped",
     "triton_keep_tokens_read_contiguous",

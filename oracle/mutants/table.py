@@ -501,6 +501,18 @@ MUTANTS: dict[str, Mutant] = {
             needs=(("kernels", "triton"),),
         ),
         Mutant(
+            "gemv_grid_by_rule",
+            "the one-row GEMV's launch grid is sized by the general block rule while its kernel takes a model "
+            "shape's own block (ONE_ROW_BLOCKS): o_proj's 1024 x 2048 at one row, 2 columns a program against the "
+            "rule's 4, leaves half its outputs unwritten",
+            "pytorch/pytorch#195546 (a grid of half the programs left torch.empty outputs unwritten), "
+            "NVIDIA/TransformerEngine#2975 and pytorch/pytorch#136550 (a grid sized for one block config launched "
+            "with another)",
+            kernels.gemv_grid_by_rule,
+            device="cuda",
+            needs=(("kernels", "triton"),),
+        ),
+        Mutant(
             "gemm_k_tail_dropped",
             "the skinny GEMM (decode batches past GEMV_MAX_ROWS, up to GEMM_MAX_ROWS rows) runs whole K tiles only: "
             "a product whose K is off its 128-wide tile drops the last columns' terms",

@@ -7,6 +7,7 @@ first block."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import types
 from collections.abc import Callable
 from typing import Any
@@ -153,18 +154,19 @@ def input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
     return swap(StepKernels, "input_ids", _input_ids_batch_index_as_row)
 
 
-def _relaunched(name: str, launch: Callable[[Any, Any], Callable[..., Any]]) -> contextlib.AbstractContextManager[None]:
-    """engine/step/triton.py's kernel `name` behind a stand-in whose `[grid](...)` launches call launch(kernel, grid)
+def _relaunched(
+    name: str, launch: Callable[[Any, Any], Callable[..., Any]], module: str = "engine.step.triton"
+) -> contextlib.AbstractContextManager[None]:
+    """The Triton kernel `name` of `module` behind a stand-in whose `[grid](...)` launches call launch(kernel, grid)
     in place of kernel[grid] (imports triton: CUDA machines only)."""
-    from engine.step import triton as step_triton
-
-    kernel = getattr(step_triton, name)
+    owner = importlib.import_module(module)
+    kernel = getattr(owner, name)
 
     class _Launch:
         def __getitem__(self, grid: Any) -> Callable[..., Any]:
             return launch(kernel, grid)
 
-    return swap(step_triton, name, _Launch())
+    return swap(owner, name, _Launch())
 
 
 def triton_input_ids_batch_index_as_row() -> contextlib.AbstractContextManager[None]:
@@ -251,6 +253,23 @@ def norm_gemv_rms_first_block() -> Any:
 
     with swap(triton_gemv, "norm_gemv", norm_gemv):
         yield
+
+
+def gemv_grid_by_rule() -> contextlib.AbstractContextManager[None]:
+    """The GEMV counts its launch grid with the general rule's columns a program while its kernel takes a one-row
+    block of ONE_ROW_BLOCKS (the table read where the kernel is launched, not where the grid is sized): one row of
+    o_proj's 1024 x 2048, 2 columns a program against the rule's 4, leaves half its outputs unwritten."""
+    from engine.layers import triton_gemv
+
+    def launch(kernel: Any, grid: Any) -> Callable[..., Any]:
+        def run(x: Any, weight: Any, bias: Any, out: Any, m: int, n: int, *rest: Any, **kw: Any) -> Any:
+            with swap(triton_gemv, "ONE_ROW_BLOCKS", {}):
+                block_n = triton_gemv.gemv_blocks(m, n, kw["K"])[1]
+            return kernel[(-(-n // block_n),)](x, weight, bias, out, m, n, *rest, **kw)
+
+        return run
+
+    return _relaunched("_gemv_kernel", launch, "engine.layers.triton_gemv")
 
 
 @contextlib.contextmanager
