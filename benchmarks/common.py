@@ -374,7 +374,7 @@ def profile_steps(step: Callable[[], object], device: torch.device, steps: int) 
     return StepProfile(steps, count, device_ms, None, _top_kernels(kernels, steps)), prof
 
 
-def _captured(engine: Engine, bs: int, mode: str) -> torch.cuda.CUDAGraph | None:
+def captured_graph(engine: Engine, bs: int, mode: str) -> torch.cuda.CUDAGraph | None:
     """The graph captured for bs in `mode`, if the engine has one on a CUDA stream."""
     graph = engine.graph_runner.graphs.get(mode, {}).get(bs)
     return graph if isinstance(engine.device.stream, torch.cuda.Stream) else None
@@ -384,7 +384,7 @@ def graph_device_ms(engine: Engine, bs: int, mode: str = "greedy", reps: int = 5
     """Wall time on the device of the graph captured for bs in `mode`, replayed back to back with the inputs it
     holds (None without that graph): under programmatic dependent launch the kernels' own durations overlap, and
     this is the step's device time."""
-    graph = _captured(engine, bs, mode)
+    graph = captured_graph(engine, bs, mode)
     if graph is None:
         return None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -405,7 +405,7 @@ def graph_critical_path(
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    graph = _captured(engine, bs, mode)
+    graph = captured_graph(engine, bs, mode)
     if graph is None:
         return [], []
     with torch.cuda.stream(engine.device.stream), profile(activities=[ProfilerActivity.CUDA]) as prof:
