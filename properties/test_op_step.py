@@ -5,7 +5,11 @@ all -inf rows, the rows' last tokens kept, the host payload) over vocabularies e
 and split edges, a sampled step's keep (-1 tokens kept as 0, the payload, tokens strided), and the slot checks with
 their redirect over page tables with one planted fault (a slot written twice, over cached or live KV, out of the pool,
 off its page), in a decode batch's layout (one new token each: the Triton check's two-launch path, whose flag one bench
-carries from example to example) and in others. Marker ``kernel``."""
+carries from example to example) and in others. Marker ``kernel``.
+
+Floors hold for random examples too (tests/test_random_floors.py): under ``deep`` the pending-and-packed batches are
+30-36% of input_ids' examples (floor 20%), strided keeps of two or more tokens 24-32% (floor 15%), vocabularies past
+the hand-out's first block and off its multiples 58-72% (floor 30%)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ out of both. Greedy rows (temperature 0) must draw a maximal logit every time.
 Every sampled row must be testable: drawn filters that would leave fewer than two chi-square buckets are relaxed
 (oracle.checks.relax_until_testable: min-p, then top-p, then top-k off, then temperature 1), and the property fails
 when fewer than 80% of its examples have a sampled row checked and every one with two buckets (oracle.coverage: an
-example of greedy rows only counts as a miss, so strategies that stop drawing sampled rows fail). Edge values that
+example of greedy rows only counts as a miss, so strategies that stop drawing sampled rows fail). A model batch
+always holds one unseeded sampled row, at a drawn place among the others. Edge values that
 leave a single token are checked exactly, token by token, by properties/test_sampling_exact.py.
 
 α: every check runs at oracle.budget.STAT_ALPHA, the suite's 5e-4 false-failure budget split by Bonferroni over
@@ -135,7 +136,11 @@ def test_sampler_matches_reference_on_tiny_model_logits(
 ) -> None:
     arch = data.draw(st.sampled_from(TINY_ARCHS), label="arch")
     unseeded = sampling_params(TINY_VOCAB, seeded=False, max_tokens=st.just(1))
-    specs = data.draw(batches(TINY_VOCAB, MODEL_ROWS, 32, params=unseeded), label="requests")
+    specs = data.draw(batches(TINY_VOCAB, MODEL_ROWS - 1, 32, params=unseeded, min_size=0), label="requests")
+    # One sampled row at least, anywhere in the batch: short lists of greedy rows alone left the law unchecked.
+    sampled = sampling_params(TINY_VOCAB, greedy=False, seeded=False, max_tokens=st.just(1))
+    specs.insert(data.draw(st.integers(0, len(specs)), label="sampled row"),
+                 data.draw(requests(TINY_VOCAB, 32, params=sampled), label="sampled request"))
     seeded = sampling_params(TINY_VOCAB, greedy=False, seeded=True, max_tokens=st.just(1))
     extra = data.draw(st.none() | requests(TINY_VOCAB, 32, params=seeded), label="seeded request")
     specs += [extra] if extra is not None else []
