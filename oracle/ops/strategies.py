@@ -30,9 +30,9 @@ SCORE_MAXIMA = (0.5, 10.0, 80.0, 88.0, 89.0, 120.0, 1000.0)
 """The largest attention score of a query row: float32's exp overflows past ~88.72."""
 
 
-def edge_sizes(edges: Sequence[int], low: int, high: int, extra: Sequence[int] = ()) -> st.SearchStrategy[int]:
-    """low..high, with k - 1, k, k + 1 for every k in edges (and extra) as explicit choices."""
-    marks = sorted({k + d for k in (*edges, *extra) for d in (-1, 0, 1)} | {low, high})
+def edge_sizes(edges: Sequence[int], low: int, high: int) -> st.SearchStrategy[int]:
+    """low..high, with k - 1, k, k + 1 for every k in edges as explicit choices."""
+    marks = sorted({k + d for k in edges for d in (-1, 0, 1)} | {low, high})
     marks = [n for n in marks if low <= n <= high]
     return st.one_of(st.sampled_from(marks), st.integers(low, high))
 
