@@ -3,7 +3,8 @@ boundary inputs (widths each side of block edges, subnormal to near-overflow mag
 the end of the RoPE table, KV slots past 2**31 elements, GQA head counts, one row of the benchmarked models' projection
 shapes), against HF's op sequence
 (oracle/ops/layers.py states each contract), inside guard regions, with the implementation that ran recorded (marker
-``kernel``)."""
+``kernel``). Floors sit under the shares random examples reach (``deep``): widths off every power of two 58-63%
+(floor 40%), one row of a model's projection 14-21% (floor 5%)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def model_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({ODD_WIDTH: 0.5})
+@floors({ODD_WIDTH: 0.4})
 def test_rms_norm(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_cases(op_bench.dtype), label="case")
     exercised(ODD_WIDTH, case.x.shape[1] & (case.x.shape[1] - 1) != 0)

@@ -1,6 +1,7 @@
 """Op-level properties of the target's sampler: filtered distributions over vocabularies each side of the block
 edges (exact support, bounded probabilities) and seeded draws that depend on (seed, position) alone, seeds equal
-modulo 2**32 included (oracle/ops/sampler.py). Marker ``kernel``."""
+modulo 2**32 included (oracle/ops/sampler.py; three in four seed pairs are such twins, 58-74% of examples under
+``deep`` with two in three, floor 50%). Marker ``kernel``."""
 
 from __future__ import annotations
 

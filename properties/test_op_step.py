@@ -8,8 +8,8 @@ off its page), in a decode batch's layout (one new token each: the Triton check'
 carries from example to example) and in others. Marker ``kernel``.
 
 Floors hold for random examples too (tests/test_random_floors.py): under ``deep`` the pending-and-packed batches are
-30-36% of input_ids' examples (floor 20%), strided keeps of two or more tokens 24-32% (floor 15%), vocabularies past
-the hand-out's first block and off its multiples 58-72% (floor 30%)."""
+30-36% of input_ids' examples (floor 20%), strided keeps of two or more tokens 18-32% with half the keeps strided (now
+two in three; floor 15%), vocabularies past the hand-out's first block and off its multiples 58-72% (floor 30%)."""
 
 from __future__ import annotations
 

@@ -177,7 +177,7 @@ def keep_cases(draw: st.DrawFn) -> KeepCase:
     tokens[draw(st.lists(st.integers(0, bs - 1), max_size=2))] = -1
     rows = draw(st.lists(st.integers(0, max_rows), min_size=bs, max_size=bs, unique=True))
     last = torch.randint(0, 2**31 - 1, (max_rows + 1,), generator=gen, dtype=torch.int32)
-    return KeepCase(tokens, last, torch.tensor(rows), draw(st.booleans()), draw(st.sampled_from((0, 2))))
+    return KeepCase(tokens, last, torch.tensor(rows), draw(st.booleans()), draw(st.sampled_from((0, 2, 2))))
 
 
 def check_keep_tokens(bench: Bench, case: KeepCase) -> None:
