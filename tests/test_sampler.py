@@ -93,6 +93,18 @@ def test_min_p_threshold_scales_the_max_of_the_tempered_distribution() -> None:
     assert check_filtered_distribution(probs, ref) is None
 
 
+def test_top_p_reads_the_distribution_renormalized_after_top_k() -> None:
+    """Probabilities [0.5, 0.3, 0.12, ...], top-k 2 then top-p 0.6 (HF's order): renormalized [0.625, 0.375], the top
+    token alone reaches 0.6. Top-p first would keep tokens 0 and 1 of the full distribution (0.5 < 0.6)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.05, 0.02, 0.01]]))
+    params = SamplingParams(temperature=1.0, top_k=2, top_p=0.6)
+    sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
+    probs = sampler.filtered_probs(logits, sampler.prepare(_batch([params])))[0]
+    ref = reference_distribution(logits[0], params)
+    assert ref.support.tolist() == [True, False, False, False, False, False]
+    assert check_filtered_distribution(probs, ref) is None
+
+
 def test_top_k_keeps_every_token_tied_with_the_kth() -> None:
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
     sampler = Sampler(torch.device("cpu"), VOCAB, seed=0)
