@@ -282,6 +282,38 @@ def test_pages_exhausted_running_requests_continue_and_match_hf(qwen3: Path, ora
     engine.shutdown()
 
 
+# ---- an interrupt inside a step --------------------------------------------------------------------------------
+def test_an_interrupt_at_the_release_of_a_steps_finished_rows_keeps_them_live(qwen3: Path) -> None:
+    """Two requests finish in one decode step and an interrupt lands at the release of the second's row: the step is
+    taken back whole, and the first's row is still live in the engine (released one by one, it was lost to the undo:
+    properties/test_interrupts.py under `deep`). The step then runs again."""
+    engine = _engine(qwen3)
+    driver = StaticDriver(engine)
+    try:
+        uids = [driver.add(_prompt(seed, 5), SamplingParams(max_tokens=2, ignore_eos=True)) for seed in (1, 2)]
+        driver.step()  # the prefill: both rows live from here on
+        second = driver.running[uids[1]].req.table_idx
+        before = engine_state(engine, driver)
+        release = engine.release_rows
+
+        def interrupted(rows: Any) -> None:
+            rows = list(rows)
+            if second in rows:
+                raise KeyboardInterrupt("injected at the release of the step's finished rows")
+            release(rows)
+
+        engine.release_rows = interrupted  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            driver.step()
+        del engine.release_rows
+        after = engine_state(engine, driver)
+        assert after[-1] == before[-1], f"the engine's live rows: {before[-1]} before the step, {after[-1]} after"
+        assert after[3:-1] == before[3:-1], "the driver's bookkeeping changed"
+        assert set(driver.step()) == set(uids) and not driver.running
+    finally:
+        engine.shutdown()
+
+
 # ---- one driver at a time ------------------------------------------------------------------------------------
 def test_a_second_driver_is_refused_while_the_first_runs(contract: Contract, oracle: OraclePool, qwen3: Path) -> None:
     first = StaticDriver(contract.engine)

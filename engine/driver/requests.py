@@ -111,6 +111,10 @@ class Requests:
 
     def finish(self, seq: RequestState, reason: str, error: str | None = None) -> None:
         self.engine.release_rows([seq.req.table_idx])  # first: an interrupt there changes nothing
+        self._retire(seq, reason, error)
+
+    def _retire(self, seq: RequestState, reason: str, error: str | None = None) -> None:
+        """finish's bookkeeping, the engine's row left live."""
         seq.finished = True
         seq.finish_reason = reason
         seq.error = error
@@ -122,6 +126,7 @@ class Requests:
     def hand_out(self, seqs: list[RequestState], partial: list[bool], tokens: list[int],
                  logits: torch.Tensor) -> dict[int, int]:
         produced: dict[int, int] = {}
+        done: list[int] = []
         for i, (seq, was_partial) in enumerate(zip(seqs, partial)):
             if was_partial or seq.finished:
                 continue
@@ -132,9 +137,17 @@ class Requests:
                 seq.logits.append(logits[i].detach().to("cpu", torch.float32))
             produced[seq.req.uid] = token
             if len(seq.output_ids) >= seq.req.sampling_params.max_tokens:
-                self.finish(seq, "length")
+                reason = "length"
             elif token in self.eos_token_ids and not seq.req.sampling_params.ignore_eos:
-                self.finish(seq, "eos")
+                reason = "eos"
+            else:
+                continue
+            self._retire(seq, reason)
+            done.append(seq.req.table_idx)
+        # The finished rows' release comes last, in one call: an interrupt before it is rolled back with the whole
+        # step (Loop.land), whose undo finds every row as the step left it.
+        if done:
+            self.engine.release_rows(done)
         return produced
 
     def result(self, uid: int) -> Generation:
