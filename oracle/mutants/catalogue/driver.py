@@ -16,7 +16,7 @@ from engine.engine import Engine
 
 from .base import swap
 
-_ORIGINAL_FINISH = Requests.finish
+_ORIGINAL_RETIRE = Requests._retire
 _ORIGINAL_DRIVER_INIT = StaticDriver.__init__
 _ORIGINAL_LAND = Loop.land
 
@@ -37,27 +37,27 @@ def pages_mapped_before_table_write() -> contextlib.AbstractContextManager[None]
     return swap(Pages, "map", _map_pages_committing_first)
 
 
-def _finish_keeps_abort_reservation(self: Requests, seq: RequestState, reason: str) -> None:
+def _finish_keeps_abort_reservation(self: Requests, seq: RequestState, reason: str, error: str | None = None) -> None:
     """An aborted request gives back its mapped pages, but the unmapped rest of its reservation stays reserved."""
     if reason == "abort":
         seq.reserved_pages = len(seq.pages)  # the bug: the unused reservation is forgotten, never released
-    _ORIGINAL_FINISH(self, seq, reason)
+    _ORIGINAL_RETIRE(self, seq, reason, error)
 
 
 def pages_leak_on_abort() -> contextlib.AbstractContextManager[None]:
-    return swap(Requests, "finish", _finish_keeps_abort_reservation)
+    return swap(Requests, "_retire", _finish_keeps_abort_reservation)
 
 
-def _finish_drops_last_page_on_eos(self: Requests, seq: RequestState, reason: str) -> None:
+def _finish_drops_last_page_on_eos(self: Requests, seq: RequestState, reason: str, error: str | None = None) -> None:
     """A request that stops on EOS never returns its last mapped page to the free list (its reservation is right)."""
     if reason == "eos" and seq.pages:
         seq.pages = seq.pages[:-1]
         seq.reserved_pages -= 1  # the page counts as released from the reservation, but is in no list
-    _ORIGINAL_FINISH(self, seq, reason)
+    _ORIGINAL_RETIRE(self, seq, reason, error)
 
 
 def pages_leak_on_eos() -> contextlib.AbstractContextManager[None]:
-    return swap(Requests, "finish", _finish_drops_last_page_on_eos)
+    return swap(Requests, "_retire", _finish_drops_last_page_on_eos)
 
 
 def _generate_admitting_eagerly(
