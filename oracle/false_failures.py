@@ -35,12 +35,13 @@ class SeedRun:
     tail: str  # the end of pytest's output
 
 
-def run_seed(seed: int, paths: list[str]) -> SeedRun:
-    env = {**os.environ, "HYPOTHESIS_PROFILE": "ci-random", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+def run_seed(seed: int, paths: list[str], profile: str = "ci-random", marker: str | None = "statistical") -> SeedRun:
+    """One pytest process over the `marker` tests of `paths` (all of them for None) under `profile`, seeded."""
+    env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     # The harness plugin by name: a checkout that is not pip-installed has no entry point for it.
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "oracle.pytest_plugin", "-p", "no:cacheprovider"]
-    cmd += ["-m", "statistical", f"--hypothesis-seed={seed}", *paths]
+    cmd += [*(["-m", marker] if marker else []), f"--hypothesis-seed={seed}", *paths]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
     return SeedRun(seed, proc.returncode, time.perf_counter() - start, (proc.stdout + proc.stderr)[-4000:])

@@ -5,14 +5,10 @@ examples is in the property module's docstring."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from oracle.false_failures import run_seed
+
 STEP = "properties/test_op_step.py"
 SAMPLING = "properties/test_sampling_distribution.py"
 DEEP_STEP = (f"{STEP}::test_input_ids", f"{STEP}::test_keep_tokens", f"{STEP}::test_hand_out")
@@ -31,11 +27,6 @@ RUNS = [
 
 
 @pytest.mark.parametrize(("profile", "seed", "nodes"), RUNS, ids=[f"{p}-{s}" for p, s, _ in RUNS])
-def test_floors_hold_for_random_examples(profile: str, seed: int, nodes: tuple[str, ...], tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "pytest", "-p", "oracle.pytest_plugin", "-p", "no:cacheprovider", "-q",
-           f"--hypothesis-profile={profile}", f"--hypothesis-seed={seed}", "--basetemp", str(tmp_path / "t"),
-           *nodes]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+def test_floors_hold_for_random_examples(profile: str, seed: int, nodes: tuple[str, ...]) -> None:
+    run = run_seed(seed, list(nodes), profile, marker=None)
+    assert run.exitstatus == 0, run.tail
