@@ -1,10 +1,10 @@
 """Op-level properties of the layer kernels: each LayerKernels method of the target, called alone on drawn
 boundary inputs (widths each side of block edges, subnormal to near-overflow magnitudes, strided rows, positions at
 the end of the RoPE table, KV slots past 2**31 elements, GQA head counts, one row of the benchmarked models' projection
-shapes), against HF's op sequence
-(oracle/ops/layers.py states each contract), inside guard regions, with the implementation that ran recorded (marker
-``kernel``). Floors sit under the shares random examples reach (``deep``): widths off every power of two 58-63%
-(floor 40%), one row of a model's projection 14-21% (floor 5%)."""
+shapes, norms over wider models' hidden sizes), against HF's op sequence (oracle/ops/layers.py states each contract),
+inside guard regions, with the implementation that ran recorded (marker ``kernel``). Floors sit under the shares
+random examples reach (``deep``): widths off every power of two 58-63% (floor 40%), one row of a model's projection
+14-21% (floor 5%), norm_linear's one or two rows past 4096 channels 8% (floor 5%)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ MANY_ROWS = "linear: more rows than the GEMV's 2 (the skinny GEMM's case up to i
 FUSED_ROWS = "norm_linear: more rows than the GEMV's 2 (add + RMSNorm, then the skinny GEMM or cuBLAS)"
 MODEL_ROW = "linear: one row of a model's projection shape (where kernels take blocks of their own)"
 FUSED_MODEL_ROW = "norm_linear: one row of a model's projection shape (where kernels take blocks of their own)"
+FUSED_WIDE = "norm_linear: one or two rows past 4096 channels (the norm's sum of squares spans several K tiles)"
 
 
 def model_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -79,12 +80,13 @@ def test_linear(data: st.DataObject, op_bench: Bench) -> None:
 
 @settings(max_examples=examples(2.0))
 @given(data=st.data())
-@floors({FUSED_ROW: 0.2, FUSED_ROWS: 0.2, FUSED_MODEL_ROW: 0.05})
+@floors({FUSED_ROW: 0.2, FUSED_ROWS: 0.2, FUSED_MODEL_ROW: 0.05, FUSED_WIDE: 0.05})
 def test_norm_linear(data: st.DataObject, op_bench: Bench) -> None:
     case = data.draw(layers.norm_linear_cases(op_bench.dtype), label="case")
     exercised(FUSED_ROW, case.x.shape[0] == 1)
     exercised(FUSED_ROWS, case.x.shape[0] > 2)
     exercised(FUSED_MODEL_ROW, model_row(case.x, case.weight))
+    exercised(FUSED_WIDE, case.x.shape[0] <= 2 and case.x.shape[1] > 4096)
     layers.check_norm_linear(op_bench, case)
 
 

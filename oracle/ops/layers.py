@@ -285,10 +285,23 @@ class NormLinearCase:
     gap: int
 
 
+WIDE_ROWS = (5120, 8192)
+"""Hidden sizes past 4096 (14B-70B models): one row's norm spans several of the GEMV's K tiles even where a narrower
+row is a single tile."""
+
+
+def wide_projection(draw: st.DrawFn, rows: int) -> tuple[int, int] | None:
+    """(N, K) of a wide model's norm-fed projection for half the products the GEMV serves (two rows or one), else
+    None."""
+    if rows > 2 or draw(st.booleans()):
+        return None
+    return draw(edge_sizes(BLOCK_EDGES, 1024, 3000)), draw(st.sampled_from(WIDE_ROWS) | st.integers(4097, 8192))
+
+
 @st.composite
 def norm_linear_cases(draw: st.DrawFn, dtype: torch.dtype) -> NormLinearCase:
     rows = draw(st.just(1) | product_rows)
-    n, k = model_projection(draw, rows) or (
+    n, k = model_projection(draw, rows) or wide_projection(draw, rows) or (
         draw(edge_sizes(BLOCK_EDGES, 1, 3000)),
         draw(st.integers(1025, 3000) | edge_sizes(BLOCK_EDGES, 1, 3000)),  # rows of several K blocks as often
     )
