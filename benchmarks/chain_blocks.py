@@ -29,6 +29,7 @@ from benchmarks.common import (
     graph_critical_path,
     graph_device_ms,
     model_for,
+    write_record,
 )
 
 
@@ -93,7 +94,7 @@ def main() -> None:
                   flush=True)
             results.append({"round": round_, **row})
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_record(args.json, results)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ real SmolLM2-135M, built once into the cache by oracle.zoo.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import platform
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +26,7 @@ from engine import Engine, ForwardOutput, Req, SamplingParams
 from engine.core import Batch
 from engine.device import flashinfer_installed
 from engine.sample import Sampler
-from oracle.environment import cpu_model, flashinfer_version
+from oracle.environment import cpu_model, flashinfer_version, git_commit
 from oracle.target import Target, TargetError, parse
 from oracle.target_spec import DEVICE_DEFAULTS
 
@@ -71,6 +74,14 @@ def machine_info() -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         **torch_info(),
     }
+
+
+def write_record(path: Path, results: object) -> None:
+    """A probe's JSON: its results with the commit, the command line and the machine they came from."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    command = ["python", "-m", spec.name] if spec else ["python", sys.argv[0]]
+    record = {"commit": git_commit(), "command": shlex.join([*command, *sys.argv[1:]]), "machine": machine_info()}
+    path.write_text(json.dumps({**record, "results": results}, indent=1))
 
 
 def synchronize(device: torch.device) -> None:

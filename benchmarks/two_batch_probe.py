@@ -14,13 +14,12 @@ parts side by side, joined after each step (what a step of the split engine woul
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import DecodeStep, benchmark_target, build_engine, captured_graph, machine_info, model_for
+from benchmarks.common import DecodeStep, benchmark_target, build_engine, captured_graph, model_for, write_record
 from engine import Engine
 
 REPS = 50
@@ -106,7 +105,7 @@ def main() -> None:
                     print(f"round {round_} B {bs} / {parts}: {name}: {ms:.4f} ms", flush=True)
                 results.append({"round": round_, "bs": bs, "parts": parts, "context": args.context, "ms": rows})
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine_info(), "results": results}, indent=1))
+        write_record(args.json, results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import critical_path, layer_critical_path, model_for
+from benchmarks.common import critical_path, layer_critical_path, model_for, write_record
 from benchmarks.compare import ENGINE_EAGER, HF_EAGER, IsolatedHF, Plan, main
 from benchmarks.compare.sampling import GREEDY, MIXED, MODES, SEEDED, request_params
 from oracle.target import parse
@@ -154,3 +154,12 @@ def test_layer_critical_path_averages_each_layer_position_over_the_inner_layers(
     spans = [(name, float(i), i + 1.0 + (name == "attn")) for i, name in enumerate(odd)]
     assert [k["name"] for k in layer_critical_path(spans, steps=1, layers=4)] == ["norm", "attn", "mlp"]
     assert layer_critical_path([("a", 0.0, 1.0), ("b", 1.0, 2.0)], steps=1, layers=4) == []
+
+
+def test_a_probes_record_names_its_commit_and_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HFPARITY_COMMIT", "abc1234")
+    monkeypatch.setattr("sys.argv", ["benchmarks/two_batch_probe.py", "--parts", "2"])
+    write_record(tmp_path / "r.json", [{"ms": 1.0}])
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert (record["commit"], record["results"]) == ("abc1234", [{"ms": 1.0}])
+    assert record["command"].endswith(" --parts 2") and "cpu" in record["machine"]
