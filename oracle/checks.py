@@ -9,10 +9,11 @@ both sides), where the comparison stops, because the sequences (and so their pre
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -216,12 +217,20 @@ def bucketed_tokens(
     return int((clear & (ref.probs * n >= MIN_EXPECTED)).sum())
 
 
+RELAX_MAX_TEMPERATURE = 1024
+"""Where relax_until_testable stops heating a row: a logit gap of ~8000 still leaves two buckets at 12,000 draws."""
+
+
 def relax_until_testable(
     row: torch.Tensor, params: SamplingParams, n: int, decides_on_probs: bool = False
 ) -> SamplingParams:
     """params for a sampled row, relaxed until a chi-square on n draws from row has two buckets: min-p off, then
-    top-p, then top-k, then temperature 1 (edge values that leave one token are the exact checks' business)."""
-    for change in ({}, {"min_p": 0.0}, {"top_p": 1.0}, {"top_k": -1}, {"temperature": 1.0}):
+    top-p, then top-k, then temperature 1, then temperatures doubling up to RELAX_MAX_TEMPERATURE for rows whose
+    logits spread so far that temperature 1 leaves one token (edge values that leave one token are the exact checks'
+    business)."""
+    filters_off: list[dict[str, Any]] = [{}, {"min_p": 0.0}, {"top_p": 1.0}, {"top_k": -1}]
+    hotter = ({"temperature": float(2**i)} for i in range(RELAX_MAX_TEMPERATURE.bit_length()))
+    for change in itertools.chain(filters_off, hotter):
         params = replace(params, **change)
         if params.is_greedy or bucketed_tokens(row, params, n, decides_on_probs) >= 2:
             break

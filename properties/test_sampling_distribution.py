@@ -8,9 +8,10 @@ threshold (the reference's ambiguous mask, plus the probability ties FlashInfer 
 out of both. Greedy rows (temperature 0) must draw a maximal logit every time.
 
 Every sampled row must be testable: drawn filters that would leave fewer than two chi-square buckets are relaxed
-(oracle.checks.relax_until_testable: min-p, then top-p, then top-k off, then temperature 1), and the property fails
-when fewer than 80% of its examples have a sampled row checked and every one with two buckets (oracle.coverage: an
-example of greedy rows only counts as a miss, so strategies that stop drawing sampled rows fail). Each batch, synthetic
+(oracle.checks.relax_until_testable: min-p, then top-p, then top-k off, then temperature 1, then hotter until a
+runner-up token gets a bucket), and the property fails when fewer than 80% of its examples have a sampled row checked
+and every one with two buckets (oracle.coverage: an example of greedy rows only counts as a miss, so strategies that
+stop drawing sampled rows fail). Each batch, synthetic
 or model, holds one sampled row (unseeded in a model batch) at a drawn place among the others: batches of greedy rows
 alone were 13% of random synthetic examples and 25-40% of model ones, too near the floor. Edge values that
 leave a single token are checked exactly, token by token, by properties/test_sampling_exact.py.

@@ -216,6 +216,14 @@ def test_relax_until_testable_turns_off_what_leaves_one_bucket() -> None:
     assert relax_until_testable(row, greedy, 1000) == greedy
 
 
+def test_relax_until_testable_heats_a_row_that_temperature_1_leaves_one_token() -> None:
+    # ci-random seed 14 drew this row: at temperature 1 its runner-up gets 1e-8 of the mass, no bucket in 12,000 draws.
+    row = torch.tensor([15.41, -2.93])
+    params = SamplingParams(temperature=0.7, top_k=1)
+    relaxed = relax_until_testable(row, params, 12_000)
+    assert (relaxed.top_k, relaxed.temperature) == (-1, 4.0) and bucketed_tokens(row, relaxed, 12_000) == 2
+
+
 def test_probability_ties_include_near_ties_another_softmax_may_merge() -> None:
     # At T = 1e7 the float32 probabilities differ in their last ulp only: the GPU's softmax rounds them otherwise,
     # so FlashInfer (which cuts on probabilities) may keep any two; all four are ties for it, none at T = 1.
