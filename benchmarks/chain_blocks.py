@@ -94,7 +94,7 @@ def main() -> None:
                   flush=True)
             results.append({"round": round_, **row})
     if args.json:
-        write_record(args.json, results)
+        write_record(args.json, "benchmarks.chain_blocks", results)
 
 
 if __name__ == "__main__":

@@ -76,11 +76,14 @@ def machine_info() -> dict[str, object]:
     }
 
 
-def write_record(path: Path, results: object) -> None:
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """How a benchmark module ran, for its JSON: the interpreter, -m module, and argv (else this process's)."""
+    return shlex.join([Path(sys.executable).name, "-m", module, *(argv or sys.argv[1:])])
+
+
+def write_record(path: Path, module: str, results: object) -> None:
     """A probe's JSON: its results with the commit, the command line and the machine they came from."""
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    command = ["python", "-m", spec.name] if spec else ["python", sys.argv[0]]
-    record = {"commit": git_commit(), "command": shlex.join([*command, *sys.argv[1:]]), "machine": machine_info()}
+    record = {"commit": git_commit(), "command": command_line(module), "machine": machine_info()}
     path.write_text(json.dumps({**record, "results": results}, indent=1))
 
 

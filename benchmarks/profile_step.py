@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 import time
 from collections import defaultdict
@@ -36,6 +35,7 @@ from oracle.target import TargetError
 from .common import (
     benchmark_target,
     build_engine,
+    command_line,
     graph_device_ms,
     machine_info,
     model_for,
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device.type,
         "model": choice.label,
         "engine_overrides": overrides,
-        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.profile_step", *(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks.profile_step", argv),
         "machine_info": machine_info(),
     }
     text = json.dumps({"meta": meta, "results": results}, indent=1)

@@ -105,7 +105,7 @@ def main() -> None:
                     print(f"round {round_} B {bs} / {parts}: {name}: {ms:.4f} ms", flush=True)
                 results.append({"round": round_, "bs": bs, "parts": parts, "context": args.context, "ms": rows})
     if args.json:
-        write_record(args.json, results)
+        write_record(args.json, "benchmarks.two_batch_probe", results)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def test_layer_critical_path_averages_each_layer_position_over_the_inner_layers(
 def test_a_probes_record_names_its_commit_and_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HFPARITY_COMMIT", "abc1234")
     monkeypatch.setattr("sys.argv", ["benchmarks/two_batch_probe.py", "--parts", "2"])
-    write_record(tmp_path / "r.json", [{"ms": 1.0}])
+    write_record(tmp_path / "r.json", "benchmarks.two_batch_probe", [{"ms": 1.0}])
     record = json.loads((tmp_path / "r.json").read_text())
     assert (record["commit"], record["results"]) == ("abc1234", [{"ms": 1.0}])
-    assert record["command"].endswith(" --parts 2") and "cpu" in record["machine"]
+    assert record["command"].endswith(" -m benchmarks.two_batch_probe --parts 2") and "cpu" in record["machine"]

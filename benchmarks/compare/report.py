@@ -7,8 +7,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shlex
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import torch
 from oracle.environment import cpu_model, git_commit
 from oracle.target import Target
 
-from ..common import ModelChoice, machine_info
+from ..common import ModelChoice, command_line, machine_info
 from .plan import Plan
 
 
@@ -97,7 +95,7 @@ def run_meta(target: Target, choice: ModelChoice, plan: Plan, argv: list[str] | 
         "dtype": str(choice.dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
-        "command": shlex.join([Path(sys.executable).name, "-m", "benchmarks.compare", *(argv or sys.argv[1:])]),
+        "command": command_line("benchmarks.compare", argv),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "plan": asdict(plan),
     }
